@@ -1,0 +1,76 @@
+"""
+A static KV cache with per-row lengths and O(1) rollback (DESIGN.md sec. 4).
+
+Speculative decoding appends K+1 positions per verify pass and then keeps only the
+accepted prefix of each row. Rows of a batch accept different numbers of tokens, so the
+cache holds one length per row instead of one shared position:
+
+    k, v     : (L, B, H, T_max, D)   allocated once, never resized
+    lengths  : (B,) int64            positions [0, lengths[b]) of row b are valid
+
+Appending T positions to row b writes at lengths[b] .. lengths[b]+T-1. Rollback is just
+`lengths = new_lengths`: nothing is copied or cleared. Stale entries past a row's length are
+hidden by the mask and later overwritten, which is why the mask is derived from the lengths
+and never from what the buffer happens to contain.
+
+The same class serves the target, the small draft model and the EAGLE drafter. Typical use
+inside a model's forward:
+
+    pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
+    for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
+               k_all, v_all = cache.read(layer, T)
+               mask = cache.mask(T)          # (B, 1, T, T_keys) True = may attend
+    cache.advance(T)                         # after the last layer
+"""
+
+import torch
+
+
+class KVCache:
+
+    def __init__(self, n_layer, batch_size, n_kv_head, max_len, head_dim, device="cpu", dtype=torch.float32):
+        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)  # (L, B, H, T_max, D)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.max_len = max_len
+        self._keys = None  # number of key positions this forward reads, set by positions()
+
+    @property
+    def batch_size(self):
+        return self.lengths.shape[0]
+
+    def positions(self, T):
+        """Absolute positions (B, T) of T new tokens appended to every row.
+        NOTE: one host sync (the max length) per forward, to bound the keys we read."""
+        pos = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
+        self._keys = int(self.lengths.max()) + T
+        if self._keys > self.max_len:
+            raise ValueError(f"KV cache overflow: {self._keys} positions > max_len {self.max_len}")
+        return pos
+
+    def write(self, layer, k, v, pos):
+        """Scatter k, v (B, H, T, D) of one layer at per-row positions pos (B, T)."""
+        B, H, T, D = k.shape
+        idx = pos[:, None, :, None].expand(B, H, T, D)
+        self.k[layer].scatter_(2, idx, k.to(self.k.dtype))
+        self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
+
+    def read(self, layer):
+        """Keys and values (B, H, T_keys, D) of one layer, up to the longest row's end."""
+        return self.k[layer, :, :, :self._keys], self.v[layer, :, :, :self._keys]
+
+    def mask(self, T):
+        """(B, 1, T, T_keys) bool: query t of row b sees key j iff j <= lengths[b] + t.
+        Everything at or past a row's own new end is stale or another row's padding."""
+        j = torch.arange(self._keys, device=self.lengths.device)              # (T_keys,)
+        last = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
+        return (j[None, None, :] <= last[:, :, None])[:, None]               # (B, 1, T, T_keys)
+
+    def advance(self, T):
+        """Commit T new positions (int or (B,) tensor) after all layers were written."""
+        self.lengths = self.lengths + T
+
+    def rollback(self, new_lengths):
+        """O(1) rollback: keep positions [0, new_lengths[b]) of each row, drop the rest."""
+        self.lengths = new_lengths.to(self.lengths).clone()

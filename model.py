@@ -1,0 +1,321 @@
+"""
+The target: a small Qwen3-style decoder-only transformer (DESIGN.md sec. 3).
+
+Token embedding; N blocks of pre-RMSNorm attention (RoPE, grouped-query heads, RMSNorm on
+q and k per head) and SwiGLU MLP; final RMSNorm; untied LM head. `forward` can return the
+hidden states of chosen layers (index 0 = embedding output, i = output of block i), which is
+what every feature-based drafter (MTP, EAGLE, DFlash) conditions on.
+
+The naive, cache-free `generate` at the bottom is the reference every fast path in this
+repo is tested against: speculative decoding must reproduce it token for token (greedy).
+
+    python model.py --ckpt out/cpu/target.pt --prompt "def parse("
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    vocab_size: int = 4098     # tokenizer ranks + <|endoftext|> + <|mask|>
+    n_layer: int = 6           # transformer blocks
+    n_head: int = 6            # query heads
+    n_kv_head: int = 2         # key/value heads (grouped-query attention)
+    n_embd: int = 384          # residual width C
+    mlp_hidden: int = 1024     # SwiGLU inner width
+    max_seq_len: int = 512     # longest context (RoPE table, KV cache size)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self):
+        return self.n_embd // self.n_head
+
+
+# Presets: `tiny` for tests (seconds), `cpu` for the CPU benchmark (its size is a trade-off:
+# bigger targets are more memory-bound, which favours speculation, but train slower on 2
+# cores), `gpu` (~100M params) trains in minutes on one H200. vocab_size is filled from the
+# tokenizer at build time.
+PRESETS = {
+    "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, max_seq_len=256),
+    "cpu": dict(n_layer=6, n_head=6, n_kv_head=2, n_embd=384, mlp_hidden=1024, max_seq_len=512),
+    "gpu": dict(n_layer=14, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048, max_seq_len=1024),
+}
+
+
+def rms_norm(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_table(cfg, device=None):
+    """cos, sin of shape (max_seq_len, D/2) for rotary embeddings."""
+    D = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    t = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
+    freqs = torch.outer(t, inv_freq)  # (T_max, D/2)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate x (B, H, T, D) by angles given per position: cos, sin (B, 1, T, D/2).
+    Rotate-half convention (as in Qwen/LLaMA): pairs are (i, i + D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with per-head q/k RMSNorm and RoPE.
+    The projections are exposed (wq, wk, wv, wo, q_norm, k_norm) because the DFlash drafter
+    reuses them to project the target's context features into keys and values."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        C, D = cfg.n_embd, cfg.head_dim
+        self.wq = nn.Linear(C, cfg.n_head * D, bias=False)
+        self.wk = nn.Linear(C, cfg.n_kv_head * D, bias=False)
+        self.wv = nn.Linear(C, cfg.n_kv_head * D, bias=False)
+        self.wo = nn.Linear(cfg.n_head * D, C, bias=False)
+        self.q_norm = RMSNorm(D, cfg.norm_eps)
+        self.k_norm = RMSNorm(D, cfg.norm_eps)
+
+    def project_kv(self, x, cos, sin):
+        """x (B, T, C) -> k, v (B, H_kv, T, D), k normed and rotated."""
+        B, T, _ = x.shape
+        k = self.k_norm(self.wk(x).view(B, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def project_q(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_norm(self.wq(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
+        return apply_rope(q, cos, sin)  # (B, H, T, D)
+
+    def forward(self, x, cos, sin, cache=None, layer=0, pos=None):
+        B, T, _ = x.shape
+        q = self.project_q(x, cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        if cache is None:  # training / naive path: plain causal attention over x itself
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:  # write the new keys at each row's own offset, then attend to the whole row
+            cache.write(layer, k, v, pos)
+            k, v = cache.read(layer)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(T), enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
+        self.w_up = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
+        self.w_down = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, layer=0, pos=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, pos)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        cos, sin = rope_table(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
+            if name.endswith("wo.weight") or name.endswith("w_down.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def rope(self, pos):
+        """cos, sin (B, 1, T, D/2) for absolute positions pos (B, T)."""
+        return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
+
+    def forward(self, idx, cache=None, hidden_layers=(), last_only=False):
+        """idx (B, T) token ids. With a cache, the tokens are appended after each row's
+        current length and the cache advances by T; without one, positions start at 0.
+        Returns logits (B, T, V) (or (B, 1, V) with last_only) and the list of hidden
+        states (B, T, C) at the requested layer indices (0 = embedding, i = block i)."""
+        B, T = idx.shape
+        if cache is None:
+            if T > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+            pos = torch.arange(T, device=idx.device).expand(B, T)
+        else:
+            pos = cache.positions(T)  # (B, T) per-row absolute positions
+        cos, sin = self.rope(pos)
+        x = self.embed(idx)  # (B, T, C)
+        hidden = [x] if 0 in hidden_layers else []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, cache, i, pos)
+            if i + 1 in hidden_layers:
+                hidden.append(x)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(self.norm(x)), hidden
+
+    def new_cache(self, batch_size, max_len=None, dtype=None):
+        from kv_cache import KVCache
+        cfg = self.cfg
+        return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim,
+                       device=self.head.weight.device, dtype=dtype or self.head.weight.dtype)
+
+
+# -----------------------------------------------------------------------------
+# sampling and the naive reference generate
+
+def logits_to_probs(logits, temperature=1.0, top_k=None):
+    """Warp logits (..., V) into the distribution that decoding samples from: divide by the
+    temperature, keep the top_k largest, softmax. Speculative decoding applies the very same
+    warp to both p (target) and q (draft), or the output distribution would change."""
+    logits = logits.float() / max(temperature, 1e-8)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generator=None):
+    """The reference: recompute the whole sequence for every new token, no cache.
+    prompt: list of token ids. Returns the new tokens (a list)."""
+    device = model.head.weight.device
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    for _ in range(max_new_tokens):
+        logits, _ = model(ids[:, -model.cfg.max_seq_len:], last_only=True)
+        if temperature == 0:
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+        else:
+            probs = logits_to_probs(logits[:, -1], temperature, top_k)
+            nxt = torch.multinomial(probs, 1, generator=generator)
+        ids = torch.cat([ids, nxt], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+def weights_hash(cfg, state_dict):
+    """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
+    so a fp32 model and its bf16 copy in weights/ have the same hash. Drafter checkpoints
+    record the hash of the target they were trained for."""
+    h = hashlib.sha256(json.dumps(asdict(cfg) if not isinstance(cfg, dict) else cfg, sort_keys=True).encode())
+    for name in sorted(state_dict):
+        h.update(name.encode())
+        h.update(state_dict[name].detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(path, obj):
+    """Write atomically (temp file, then rename) so Ctrl-C never leaves a torn checkpoint."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, kind=None):
+    """torch.load with weights_only=True and one-line errors that name the file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
+        raise ValueError(f"{path}: not a checkpoint of this project (no config/state_dict)")
+    if kind is not None and ckpt.get("kind") != kind:
+        raise ValueError(f"{path}: is a {ckpt.get('kind')!r} checkpoint, expected {kind!r}")
+    return ckpt
+
+
+def load_target(path, device="cpu", dtype=torch.float32):
+    """Load a target checkpoint; refuse one trained with another tokenizer."""
+    from data import tokenizer_hash
+    ckpt = load_checkpoint(path, kind="target")
+    if ckpt.get("tokenizer") != tokenizer_hash():
+        raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
+                         f"but tokenizer.tiktoken is {tokenizer_hash()}; retrain the target")
+    model = Transformer(Config(**ckpt["config"]))
+    model.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})
+    model.to(device=device, dtype=dtype).eval()
+    model.ckpt = ckpt  # keep args, mtp heads, etc. for whoever needs them
+    return model
+
+
+# -----------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Greedy continuation with the KV cache, checked against naive generate.")
+    parser.add_argument("--ckpt", default="out/cpu/target.pt", help="target checkpoint")
+    parser.add_argument("--prompt", default="def parse(", help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    args = parser.parse_args()
+
+    from data import get_encoding
+    enc = get_encoding()
+    model = load_target(args.ckpt)
+    prompt = enc.encode_ordinary(args.prompt)
+    if not prompt:
+        raise SystemExit("error: empty prompt")
+    if len(prompt) + args.max_new_tokens > model.cfg.max_seq_len:
+        raise SystemExit(f"error: prompt ({len(prompt)} tokens) + {args.max_new_tokens} new tokens "
+                         f"exceeds the context of {model.cfg.max_seq_len}")
+    with torch.no_grad():  # cached greedy decoding: prefill, then one token at a time
+        cache = model.new_cache(1)
+        logits, _ = model(torch.tensor([prompt]), cache, last_only=True)
+        out = []
+        for _ in range(args.max_new_tokens):
+            out.append(int(logits[0, -1].argmax()))
+            logits, _ = model(torch.tensor([[out[-1]]]), cache)
+    print(args.prompt + enc.decode(out))
+    same = out == generate(model, prompt, args.max_new_tokens)
+    print(f"\n[cached greedy == naive generate: {same}]")

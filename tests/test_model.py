@@ -1,0 +1,118 @@
+"""Target model and KV cache: cached decoding must equal the naive full recompute."""
+import torch
+import pytest
+
+from model import Config, PRESETS, Transformer, generate, save_checkpoint, load_checkpoint, weights_hash
+
+
+def tiny_model(seed=0, vocab=97):
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=vocab, **PRESETS["tiny"])
+    m = Transformer(cfg).eval()
+    # larger random weights than the init so that logits differ a lot between positions
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    return m
+
+
+def naive_logits(m, ids):
+    return m(torch.tensor([ids]))[0][0]  # (T, V)
+
+
+@torch.no_grad()
+def test_cache_prefill_single_chunks_rollback_batch():
+    m = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    lens = [5, 11, 1]
+    rows = [torch.randint(0, 97, (40,), generator=g).tolist() for _ in lens]
+    B = len(rows)
+    cache = m.new_cache(B)
+    # prefill right-padded, then roll each row back to its true length
+    T0 = max(lens)
+    idx = torch.tensor([r[:T0] for r in rows])
+    m(idx, cache)
+    cache.rollback(torch.tensor(lens))
+    committed = list(lens)
+    steps = [1, 1, 4, 3, 1, 6]
+    for step, K in enumerate(steps):
+        idx = torch.tensor([r[c:c + K] for r, c in zip(rows, committed)])
+        logits, _ = m(idx, cache)
+        for b in range(B):
+            ref = naive_logits(m, rows[b][:committed[b] + K])[committed[b]:]
+            assert (logits[b] - ref).abs().max() < 1e-4
+            assert torch.equal(logits[b].argmax(-1), ref.argmax(-1))
+        # random ragged rollback: keep between 0 and K of the new positions per row
+        keep = torch.randint(0, K + 1, (B,), generator=g)
+        committed = [c + int(k) for c, k in zip(committed, keep)]
+        cache.rollback(torch.tensor(committed))
+        assert cache.lengths.tolist() == committed
+
+
+@torch.no_grad()
+def test_cached_greedy_equals_naive_generate():
+    m = tiny_model(3)
+    prompt = [3, 14, 15, 92, 65]
+    ref = generate(m, prompt, 20)
+    cache = m.new_cache(1)
+    logits, _ = m(torch.tensor([prompt]), cache, last_only=True)
+    out = []
+    for _ in range(20):
+        out.append(int(logits[0, -1].argmax()))
+        logits, _ = m(torch.tensor([[out[-1]]]), cache)
+    assert out == ref
+
+
+@torch.no_grad()
+def test_hidden_taps_match_manual_forward():
+    m = tiny_model(5)
+    ids = torch.randint(0, 97, (2, 9))
+    logits, hidden = m(ids, hidden_layers=(0, 1, 2))
+    T = ids.shape[1]
+    pos = torch.arange(T).expand(2, T)
+    cos, sin = m.rope(pos)
+    x = m.embed(ids)
+    manual = [x]
+    for blk in m.blocks:
+        x = blk(x, cos, sin)
+        manual.append(x)
+    assert len(hidden) == 3
+    for h, r in zip(hidden, manual):
+        assert torch.allclose(h, r)
+    assert torch.allclose(logits, m.head(m.norm(manual[-1])))
+    # a subset comes back in layer order
+    _, h2 = m(ids, hidden_layers=(2,))
+    assert torch.allclose(h2[0], manual[2])
+
+
+def test_cache_overflow_and_long_prompt_errors():
+    m = tiny_model()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        m(torch.zeros(1, m.cfg.max_seq_len + 1, dtype=torch.long))
+    cache = m.new_cache(1, max_len=8)
+    with pytest.raises(ValueError, match="overflow"):
+        m(torch.zeros(1, 9, dtype=torch.long), cache)
+
+
+def test_checkpoint_errors(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="bad.pt"):
+        load_checkpoint(str(bad))
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(str(tmp_path / "missing.pt"))
+    other = tmp_path / "other.pt"
+    save_checkpoint(str(other), {"foo": 1})
+    with pytest.raises(ValueError, match="not a checkpoint of this project"):
+        load_checkpoint(str(other))
+
+
+def test_weights_hash_survives_bf16_and_sees_changes():
+    m = tiny_model()
+    sd = m.state_dict()
+    h = weights_hash(m.cfg, sd)
+    assert h == weights_hash(m.cfg, {k: v.bfloat16() for k, v in sd.items()})
+    sd2 = dict(sd)
+    sd2["head.weight"] = sd["head.weight"] + 0.1
+    assert h != weights_hash(m.cfg, sd2)
