@@ -1,0 +1,374 @@
+"""
+One lossless verification loop for every drafter: greedy and sampling, batch > 1 with
+ragged acceptance (DESIGN.md sec. 5). Notation follows Leviathan et al. 2023
+(arXiv 2211.17192): p = target, q = draft.
+
+One step, per row:
+  1. the drafter proposes d_1..d_K and, when sampling, the distributions q_1..q_K
+  2. the target runs once over [x_last, d_1..d_K] (K+1 positions) -> p_1..p_{K+1}
+  3. accept d_i while u_i < min(1, p_i(d_i) / q_i(d_i))      (greedy: while d_i == argmax p_i)
+  4. at the first rejection i emit a token from norm(max(0, p_i - q_i)); if all K were
+     accepted emit the "bonus" token from p_{K+1}. So every step commits accepted + 1 tokens.
+  5. roll the target's KV cache back to the committed length (O(1), per row)
+This is lossless for any q: greedy output equals plain greedy decoding token for token, and
+sampled output has exactly the target's distribution.
+
+State invariant used by the loop and every drafter: a row has N committed tokens x_0..x_{N-1};
+the target has *fed* (cached) x_0..x_{N-2}; x_{N-1} (the last bonus/residual token) is pending
+and is the first token of the next verify pass.
+
+The drafter interface (the one seam of this repo; ngram and draft live here, mtp.py,
+draft_eagle.py and draft_diffusion.py hold the others):
+    hidden_layers                 target layers whose hidden states the drafter needs
+    prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for fed positions
+    propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
+                                  K' <= K; q None means the drafts are argmax picks (q one-hot)
+    update(tokens, n, feats, n_new)  feats (B, K+1, F) of the verify pass, n_new (B,) of them
+                                  are now committed (accepted + 1); tokens/n already updated
+tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts. Whatever a
+drafter computed tentatively inside propose it rolls back itself.
+
+    python speculate.py --ckpt out/cpu/target.pt --method ngram --prompt "def parse(" --check
+"""
+
+import argparse
+import time
+
+import torch
+
+from model import logits_to_probs
+
+
+# -----------------------------------------------------------------------------
+# the acceptance rule
+
+def accept_scan_ref(p, drafts, q=None, uniforms=None):
+    """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
+
+    p        (B, K+1, V)  target: raw logits when greedy (uniforms is None), else the warped
+                          probabilities (same temperature / top-k as q)
+    drafts   (B, K)       draft tokens d_1..d_K
+    q        (B, K, V)    draft probabilities, or None when the drafts were argmax picks
+    uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
+                          emitted token by inverse CDF; None means greedy
+    returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
+    """
+    B, K1, V = p.shape
+    K = K1 - 1
+    ar = torch.arange(K1, device=p.device)
+    if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
+        best = p.argmax(-1)                                      # (B, K+1)
+        ok = drafts == best[:, :K]                               # (B, K)
+        n = torch.cumprod(ok.long(), dim=1).sum(1)               # length of the accepted prefix
+        # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
+        return n, best.gather(1, n[:, None])[:, 0]
+    p = p.float()
+    p_d = p[:, :K].gather(2, drafts[:, :, None])[..., 0]         # p_i(d_i)       (B, K)
+    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, drafts[:, :, None])[..., 0]
+    # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
+    ok = uniforms[:, :K] * q_d < p_d                             # (B, K)
+    n = torch.cumprod(ok.long(), dim=1).sum(1)                   # (B,)
+    # the distribution the emitted token comes from, per row:
+    #   rejected at i = n < K: residual norm(max(0, p_i - q_i)); with argmax drafts q_i is
+    #   one-hot at d_i, so the residual is p_i with d_i removed
+    #   all accepted (n = K): the bonus, straight from p_{K+1}
+    p_n = p.gather(1, n[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
+    if q is None:
+        q_n = torch.zeros_like(p_n)
+        d_n = drafts.gather(1, n.clamp(max=K - 1)[:, None])     # (B, 1)
+        q_n.scatter_(1, d_n, 1.0)
+    else:
+        q_n = q.float().gather(1, n.clamp(max=K - 1)[:, None, None].expand(B, 1, V))[:, 0]
+    q_n = torch.where((n < K)[:, None], q_n, torch.zeros_like(q_n))  # no q beyond the drafts
+    r = (p_n - q_n).clamp(min=0)
+    # NOTE: rejection implies p_i(d_i) < q_i(d_i), so sum(r) > 0 in exact arithmetic; guard
+    # against rounding anyway by falling back to p itself.
+    total = r.sum(-1, keepdim=True)
+    r = torch.where(total > 0, r, p_n)
+    # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
+    # never be that index, because their running sum equals the previous one)
+    cdf = r.cumsum(-1)
+    u = uniforms[:, K:K1] * cdf[:, -1:]
+    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
+    return n, nxt
+
+
+def accept_scan(p, drafts, q=None, uniforms=None):
+    """The fused CUDA op when tensors live on a GPU and the extension builds, else the reference."""
+    if p.is_cuda:
+        import cuda
+        return cuda.accept_scan(p, drafts, q, uniforms)
+    return accept_scan_ref(p, drafts, q, uniforms)
+
+
+# -----------------------------------------------------------------------------
+# drafters that need no training
+
+def feed_ragged(model, cache, tokens, n, hidden_layers=()):
+    """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
+    padded pass; return logits (B, V) at each row's last real token and the features.
+    Padding writes junk past a row's end, which the rollback at the end hides."""
+    start = cache.lengths.clone()
+    m = int((n - start).max())
+    idx = start[:, None] + torch.arange(m, device=n.device)                 # (B, m)
+    idx = torch.minimum(idx, (n - 1)[:, None])                              # pad by repeating
+    logits, hidden = model(tokens.gather(1, idx), cache, hidden_layers=hidden_layers)
+    cache.rollback(n)
+    last = (n - 1 - start)[:, None, None]
+    return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], hidden, start
+
+
+class NgramDrafter:
+    """Prompt lookup decoding: find the latest earlier occurrence of the last `n` committed
+    tokens (falling back to shorter n-grams) and propose the K tokens that followed it."""
+    hidden_layers = ()
+
+    def __init__(self, n=3, min_n=1):
+        self.n, self.min_n = n, min_n
+
+    def prefill(self, tokens, n, feats):
+        pass
+
+    def update(self, tokens, n, feats, n_new):
+        pass
+
+    def _lookup(self, seq, K):
+        for n in range(min(self.n, len(seq) - 1), self.min_n - 1, -1):
+            key = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # latest occurrence first
+                if seq[start:start + n] == key:
+                    cont = seq[start + n:start + n + K]
+                    return cont + [cont[-1]] * (K - len(cont))  # pad; padding is just rejected
+        return [seq[-1]] * K
+
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        rows = [self._lookup(tokens[b, :int(n[b])].tolist(), K) for b in range(tokens.shape[0])]
+        return torch.tensor(rows, device=tokens.device), None  # argmax-style drafts (q one-hot)
+
+
+class ModelDrafter:
+    """A smaller model of the target's family (model.py) with its own KV cache drafts K tokens
+    autoregressively; when sampling it draws them from its real distribution q."""
+    hidden_layers = ()
+
+    def __init__(self, model, sample=True):
+        self.model, self.sample = model, sample
+
+    def params(self):
+        return self.model.n_params()
+
+    def prefill(self, tokens, n, feats):
+        self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
+
+    def update(self, tokens, n, feats, n_new):
+        pass
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        logits, _, _ = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
+        drafts, qs = [], []
+        for i in range(K):
+            if temperature > 0 and self.sample:
+                q = logits_to_probs(logits, temperature, top_k)        # (B, V)
+                d = torch.multinomial(q, 1, generator=generator)[:, 0]
+                qs.append(q)
+            else:
+                d = logits.argmax(-1)
+            drafts.append(d)
+            if i < K - 1:
+                logits = self.model(d[:, None], self.cache)[0][:, -1]
+        self.cache.rollback(n)  # tentative drafts leave the draft cache
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
+
+# -----------------------------------------------------------------------------
+# the loop
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
+             K=4, stop_token=None):
+    """Speculative decoding of a batch of prompts (lists of token ids, any lengths).
+    drafter=None is plain autoregressive decoding through the same cache: the baseline.
+    Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded)."""
+    if not prompts or any(len(pr) == 0 for pr in prompts):
+        raise ValueError("empty prompt list or empty prompt")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if K < 1:
+        raise ValueError(f"draft length K must be >= 1, got {K}")
+    K = K if drafter is not None else 0
+    device = target.head.weight.device
+    B, lens = len(prompts), [len(pr) for pr in prompts]
+    T_max = max(lens) + max_new_tokens + K + 1
+    if T_max > target.cfg.max_seq_len:
+        raise ValueError(f"longest prompt ({max(lens)} tokens) + {max_new_tokens} new tokens + {K + 1} "
+                         f"verify positions exceeds the target's context of {target.cfg.max_seq_len}")
+    g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    sampling = temperature > 0
+
+    def pick(logits):  # one token per row from (B, V) logits, as plain decoding would
+        if not sampling:
+            return logits.argmax(-1)
+        return torch.multinomial(logits_to_probs(logits, temperature, top_k), 1, generator=g)[:, 0]
+
+    tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
+    for b, pr in enumerate(prompts):
+        tokens[b, :len(pr)] = torch.tensor(pr)
+    n = torch.tensor(lens, device=device)
+    cache = target.new_cache(B, max_len=T_max)
+    layers = drafter.hidden_layers if drafter is not None else ()
+    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B,
+                 accepted_per_position=[0] * K, attempts_per_position=[0] * K)
+
+    # prefill: the whole (right-padded) prompt, then each row rolls back to its own length
+    _sync(device); t0 = time.perf_counter()
+    logits, hidden = target(tokens[:, :max(lens)], cache, hidden_layers=layers)
+    cache.rollback(n)
+    first = pick(logits[torch.arange(B), n - 1])
+    tokens[torch.arange(B), n] = first
+    n = n + 1
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    if stop_token is not None:
+        done |= first == stop_token
+    done |= n - torch.tensor(lens, device=device) >= max_new_tokens
+    if drafter is not None:
+        drafter.prefill(tokens, n, torch.cat(hidden, -1) if hidden else None)
+    _sync(device); stats["verify_s"] += time.perf_counter() - t0
+    rows = torch.arange(B, device=device)
+
+    while not bool(done.all()):
+        # 1. draft
+        t0 = time.perf_counter()
+        if drafter is None:
+            drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
+        else:
+            drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
+        Kd = drafts.shape[1]
+        _sync(device); t1 = time.perf_counter()
+        # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
+        x = torch.cat([tokens[rows, n - 1][:, None], drafts], 1)  # (B, K+1)
+        logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K+1, V)
+        # 3-4. accept a prefix of the drafts, then one token of the target's own
+        if sampling:
+            p = logits_to_probs(logits, temperature, top_k)       # warp p exactly as q was warped
+            u = torch.rand(B, Kd + 1, device=device, generator=g)
+            n_acc, nxt = accept_scan(p, drafts, q, u)
+        else:
+            n_acc, nxt = accept_scan(logits, drafts)
+        # finished rows commit nothing and stay where they are
+        n_acc = torch.where(done, torch.zeros_like(n_acc), n_acc)
+        n_new = torch.where(done, torch.zeros_like(n_acc), n_acc + 1)
+        # commit d_1..d_n and then the emitted token, per row
+        cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
+        new = torch.cat([drafts, nxt[:, None]], 1)
+        new.scatter_(1, n_acc[:, None], nxt[:, None])               # slot n_acc holds the emitted token
+        keep = torch.arange(Kd + 1, device=device)[None] < n_new[:, None]
+        tokens.scatter_(1, cols, torch.where(keep, new, tokens.gather(1, cols)))
+        # 5. rollback: the target has now fed everything but the emitted token
+        n = n + n_new
+        cache.rollback(n - 1)
+        if drafter is not None:
+            drafter.update(tokens, n, torch.cat(hidden, -1) if hidden else None, n_new)
+        _sync(device); t2 = time.perf_counter()
+        stats["draft_s"] += t1 - t0
+        stats["verify_s"] += t2 - t1
+        stats["verify_passes"] += 1
+        active = (~done).tolist()
+        for b in range(B):
+            stats["row_passes"][b] += active[b]
+        for i in range(Kd):  # per-position acceptance over active rows
+            stats["attempts_per_position"][i] += sum(active)
+            stats["accepted_per_position"][i] += int(((n_acc > i) & ~done).sum())
+        # rows finish on their token budget or on the stop token
+        gen = n - torch.tensor(lens, device=device)
+        if stop_token is not None:
+            span = (torch.arange(Kd + 1, device=device)[None] < n_new[:, None]) & (new == stop_token)
+            done |= span.any(1)
+        done |= gen >= max_new_tokens
+
+    outputs = []
+    for b in range(B):
+        out = tokens[b, lens[b]:int(n[b])].tolist()[:max_new_tokens]
+        if stop_token is not None and stop_token in out:
+            out = out[:out.index(stop_token) + 1]
+        outputs.append(out)
+    stats["tokens_per_row"] = [len(o) for o in outputs]
+    stats["new_tokens"] = sum(stats["tokens_per_row"])
+    stats["tau"] = stats["new_tokens"] / sum(stats["row_passes"])
+    stats["acceptance_per_position"] = [a / max(t, 1) for a, t in
+                                        zip(stats["accepted_per_position"], stats["attempts_per_position"])]
+    return outputs, stats
+
+
+# -----------------------------------------------------------------------------
+
+METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
+
+
+def load_drafter(method, target, out_dir, **kw):
+    """Build the drafter for a method name from its checkpoint next to the target."""
+    import os
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method == "ar":
+        return None
+    if method == "ngram":
+        return NgramDrafter(n=kw.get("ngram_n", 3))
+    if method == "draft":
+        from model import load_target
+        return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt")))
+    if method == "mtp":
+        import mtp
+        return mtp.load_drafter(target, out_dir, **kw)
+    if method == "eagle":
+        import draft_eagle
+        return draft_eagle.load_drafter(target, out_dir, **kw)
+    import draft_diffusion
+    return draft_diffusion.load_drafter(target, out_dir, **kw)
+
+
+if __name__ == "__main__":
+    import os
+    parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.")
+    parser.add_argument("--ckpt", default="out/cpu/target.pt", help="target checkpoint; drafters are looked up beside it")
+    parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)}")
+    parser.add_argument("--prompt", default="def parse(", help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--check", action="store_true", help="also run plain decoding and compare (greedy)")
+    args = parser.parse_args()
+
+    from data import get_encoding
+    from model import load_target
+    enc = get_encoding()
+    try:
+        target = load_target(args.ckpt)
+        drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
+        K = args.draft_len or getattr(drafter, "default_K", 4)
+        prompt = enc.encode_ordinary(args.prompt)
+        t0 = time.perf_counter()
+        outs, st = generate(target, [prompt], drafter, max_new_tokens=args.max_new_tokens, K=K,
+                            temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+        dt = time.perf_counter() - t0
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+    print(args.prompt + enc.decode(outs[0]))
+    acc = " ".join(f"{a:.2f}" for a in st["acceptance_per_position"])
+    print(f"\n[{args.method} K={K if drafter else 0}] tau {st['tau']:.2f} | {st['new_tokens'] / dt:.1f} tok/s | "
+          f"{st['verify_passes']} verify passes | acceptance per position: {acc or '-'}")
+    if args.check:
+        ref, _ = generate(target, [prompt], None, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+        if args.temperature == 0:
+            print(f"[check] greedy output identical to plain decoding: {ref[0] == outs[0]}")
+        else:
+            print("[check] sampled outputs differ by design; losslessness under sampling is a "
+                  "statement about distributions (see tests/test_speculate.py)")
