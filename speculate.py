@@ -73,13 +73,14 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     #   one-hot at d_i, so the residual is p_i with d_i removed
     #   all accepted (n = K): the bonus, straight from p_{K+1}
     p_n = p.gather(1, n[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
-    if q is None:
-        q_n = torch.zeros_like(p_n)
-        d_n = drafts.gather(1, n.clamp(max=K - 1)[:, None])     # (B, 1)
-        q_n.scatter_(1, d_n, 1.0)
-    else:
-        q_n = q.float().gather(1, n.clamp(max=K - 1)[:, None, None].expand(B, 1, V))[:, 0]
-    q_n = torch.where((n < K)[:, None], q_n, torch.zeros_like(q_n))  # no q beyond the drafts
+    q_n = torch.zeros_like(p_n)                                  # no q beyond the drafts
+    if K > 0:
+        i = n.clamp(max=K - 1)
+        if q is None:
+            q_n.scatter_(1, drafts.gather(1, i[:, None]), 1.0)
+        else:
+            q_n = q.float().gather(1, i[:, None, None].expand(B, 1, V))[:, 0]
+        q_n = torch.where((n < K)[:, None], q_n, torch.zeros_like(q_n))
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejection implies p_i(d_i) < q_i(d_i), so sum(r) > 0 in exact arithmetic; guard
     # against rounding anyway by falling back to p itself.

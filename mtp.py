@@ -1,0 +1,158 @@
+"""
+Multi-token prediction (MTP) modules, DeepSeek-V3 style (arXiv 2412.19437, sec. 2.2).
+
+D sequential modules sit on top of the target. Module k at position t combines
+RMSNorm(h^{k-1}_t) (the previous depth's hidden state; depth 0 = the target's last block)
+with RMSNorm(embed(x_{t+k})) (the embedding of the next known token) through a linear map
+2C -> C, runs one transformer block of the target's kind, and predicts x_{t+k+1} with the
+target's shared embedding and head:
+
+    h^k_t = Block(W [norm(h^{k-1}_t); norm(embed(x_{t+k}))]),   logits = head(norm(h^k_t))
+
+Two ways to get them: native, trained with the target (`python train.py --mtp-depth 3`,
+loss weight lambda / D), or post-hoc on a frozen target (`python train_drafter.py --method mtp`).
+
+As a drafter, module k's output at the last fed position t = N-2 predicts token N-1+k, so a
+chain of D modules drafts D tokens. Each module attends causally over all earlier positions,
+so each keeps a KV cache of its own. Module k's entry at position p is exact only when its
+input token x_{p+k} is committed, i.e. p <= N-1-k: each propose() first catches every module
+up on positions that became exact, runs the draft chain, then rolls the tentative entries
+back. Confidence gating (`--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4 engine):
+draft at most N tokens and stop early once the top-1 vs top-2 logit margin falls below M.
+"""
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kv_cache import KVCache
+from model import Block, RMSNorm, logits_to_probs, weights_hash, load_checkpoint
+
+
+class MTPModule(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.h_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.e_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.proj = nn.Linear(2 * cfg.n_embd, cfg.n_embd, bias=False)
+        self.block = Block(cfg)
+        self.out_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+
+    def forward(self, h, e, cos, sin, cache=None, pos=None):
+        """h, e (B, T, C): previous-depth hidden states and next-token embeddings."""
+        x = self.proj(torch.cat([self.h_norm(h), self.e_norm(e)], -1))  # (B, T, C)
+        return self.block(x, cos, sin, cache, 0, pos)
+
+
+class MTP(nn.Module):
+    def __init__(self, cfg, depth):
+        super().__init__()
+        self.cfg, self.depth = cfg, depth
+        self.mods = nn.ModuleList([MTPModule(cfg) for _ in range(depth)])
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def loss(self, target, tokens, h0):
+        """Training loss summed over depths (the caller weights it by lambda / D).
+        tokens (B, T+1): the whole window; h0 (B, T, C): the target's last hidden states
+        for tokens[:, :T]. Module k at position t sees x_{t+k} and predicts x_{t+k+1}."""
+        B, T, _ = h0.shape
+        h, losses = h0, []
+        for k, mod in enumerate(self.mods, 1):
+            Tk = T - k
+            pos = torch.arange(Tk, device=tokens.device).expand(B, Tk)
+            cos, sin = target.rope(pos)
+            h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)
+            logits = target.head(mod.out_norm(h))                          # (B, Tk, V)
+            losses.append(F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, k + 1:k + 1 + Tk].flatten()))
+        return losses
+
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+
+class MTPDrafter:
+    """Chains the MTP modules as a drafter for speculate.generate (see the module docstring)."""
+
+    def __init__(self, target, mtp, n_draft=None, margin=0.0, sample=True):
+        self.target, self.mtp = target, mtp
+        self.n_draft = min(n_draft or mtp.depth, mtp.depth)
+        self.margin, self.sample = margin, sample
+        self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
+        self.default_K = self.n_draft
+
+    def params(self):
+        return self.mtp.n_params()
+
+    def prefill(self, tokens, n, feats):
+        B, T_max = tokens.shape
+        cfg, dev = self.target.cfg, tokens.device
+        dt = self.target.head.weight.dtype
+        # H[k] (B, T_max, C): module k's output per position (H[0] = target features)
+        self.H = torch.zeros(self.mtp.depth + 1, B, T_max, cfg.n_embd, device=dev, dtype=dt)
+        self.H[0, :, :feats.shape[1]] = feats
+        self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt) for _ in range(self.mtp.depth)]
+
+    def update(self, tokens, n, feats, n_new):
+        # the verify pass fed positions (n - n_new - 1) .. ; store its features there
+        start = n - n_new - 1
+        pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
+        self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        target, B = self.target, tokens.shape[0]
+        P = n - 2                                      # last fed position, per row
+        ext = tokens.clone()                           # committed tokens, then drafts past n
+        rows = torch.arange(B, device=n.device)
+        drafts, qs = [], []
+        for k in range(1, min(K, self.n_draft) + 1):
+            mod, cache = self.mtp.mods[k - 1], self.caches[k - 1]
+            cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
+            start = cache.lengths.clone()
+            m = int((P - start).max()) + 1
+            p_idx = torch.minimum(start[:, None] + torch.arange(m, device=n.device), P[:, None])  # (B, m)
+            h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
+            e = target.embed(ext.gather(1, p_idx + k))
+            pos = cache.positions(m)
+            cos, sin = target.rope(pos)
+            out = mod(h, e, cos, sin, cache, pos)      # (B, m, C)
+            cache.advance(m)
+            self.H[k].scatter_(1, p_idx[..., None].expand_as(out), out)
+            # entries are exact up to position N-1-k; the rest was tentative
+            cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))
+            logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k
+            if temperature > 0 and self.sample:
+                q = logits_to_probs(logits, temperature, top_k)
+                d = torch.multinomial(q, 1, generator=generator)[:, 0]
+                qs.append(q)
+            else:
+                d = logits.argmax(-1)
+            drafts.append(d)
+            ext[rows, n - 1 + k] = d
+            if self.margin > 0 and k < self.n_draft:   # confidence gate: stop when unsure
+                top2 = logits.float().topk(2, -1).values
+                if bool((top2[:, 0] - top2[:, 1] < self.margin).all()):
+                    break
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+
+
+def load_drafter(target, out_dir, mtp_draft=None, mtp_margin=0.0, **kw):
+    """Native heads stored in the target checkpoint win; else the post-hoc ones in out_dir/mtp.pt."""
+    ck = getattr(target, "ckpt", {})
+    if ck.get("mtp_state_dict"):
+        depth, sd, src = ck["args"]["mtp_depth"], ck["mtp_state_dict"], "native (trained with the target)"
+    else:
+        path = os.path.join(out_dir, "mtp.pt")
+        c = load_checkpoint(path, kind="mtp")
+        if c["target_hash"] != weights_hash(target.cfg, target.state_dict()):
+            raise ValueError(f"{path}: trained for target {c['target_hash']}, not this one; retrain it")
+        depth, sd, src = c["config"]["depth"], c["state_dict"], f"post-hoc ({path})"
+    mtp = MTP(target.cfg, depth)
+    mtp.load_state_dict({k: v.float() for k, v in sd.items()})
+    mtp.to(target.head.weight).eval()
+    print(f"mtp: {depth} modules, {src}")
+    return MTPDrafter(target, mtp, n_draft=mtp_draft, margin=mtp_margin)

@@ -1,0 +1,170 @@
+"""Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
+import hashlib
+import json
+from collections import Counter
+
+import pytest
+import regex
+import tiktoken
+import tiktoken.load
+
+import data
+from data import EOT, MASK
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return data.get_encoding()
+
+
+def test_corpus_split():
+    files = data.corpus_files()
+    train, val = [k for k, _ in files["train"]], [k for k, _ in files["val"]]
+    for root in ("stdlib", "torch", "numpy"):  # sorted by path within each root
+        keys = [k for k, _ in sorted(files["train"] + files["val"]) if k.startswith(root + "/")]
+        assert keys and [k for k in train + val if k.startswith(root + "/")] != [] and keys == sorted(keys)
+    assert not set(train) & set(val)
+    assert 0.01 < len(val) / (len(train) + len(val)) < 0.04
+    for key in train + val:
+        root, *dirs, name = key.split("/")
+        assert root in ("stdlib", "torch", "numpy") and name.endswith(".py")
+        assert not set(dirs) & {"test", "tests", "testing", "idle_test", "site-packages"}, key
+
+
+def test_roundtrip_heldout_files(enc):
+    texts = [t for _, t in data.read_texts(data.corpus_files()["val"])]
+    assert len(texts) > 20
+    for text, ids in zip(texts, enc.encode_ordinary_batch(texts)):
+        assert enc.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", ["", "héllo wörld 你好 🐍", "\tx = 1\r\n\ty = 2\r\n", "a  \n\n\n   b \n",
+                                  "\x00\x7f\u200b", EOT, MASK, f"s = '{EOT}' + \"{MASK}\"\n"])
+def test_roundtrip_odd_inputs(enc, text):
+    ids = enc.encode_ordinary(text)
+    assert enc.decode(ids) == text
+    assert enc.encode(text, disallowed_special=()) == ids
+
+
+def test_special_tokens(enc):
+    n = len(data.read_ranks(data.TOKENIZER_PATH))
+    assert enc.eot_token == n and enc.encode_single_token(MASK) == n + 1 and enc.n_vocab == n + 2
+    # special-token text inside ordinary text stays ordinary ...
+    for special in (EOT, MASK):
+        ids = enc.encode_ordinary(f"x = '{special}'")
+        assert n not in ids and n + 1 not in ids
+        with pytest.raises(ValueError):  # ... and plain encode refuses to guess
+            enc.encode(special)
+    # ... unless it is explicitly allowed
+    assert enc.encode(EOT + MASK, allowed_special={EOT, MASK}) == [n, n + 1]
+
+
+def test_ranks_file_is_standard_tiktoken(monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # no /tmp cache: read the file itself
+    with open(data.TOKENIZER_PATH, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    ranks = tiktoken.load.load_tiktoken_bpe(data.TOKENIZER_PATH, expected_hash=sha)
+    assert ranks == data.read_ranks(data.TOKENIZER_PATH)
+    assert sorted(ranks.values()) == list(range(len(ranks)))
+    assert all(ranks[bytes([i])] == i for i in range(256))
+    assert len(data.tokenizer_hash()) == 12
+
+
+def naive_bpe(text, vocab_size):
+    """Textbook BPE, slow and obviously right: same tie-break (largest count, then smallest ids)."""
+    words = [list(c.encode()) for c in regex.findall(data.PAT_STR, text)]
+    vocab = [bytes([i]) for i in range(256)]
+    while len(vocab) < vocab_size:
+        pairs = Counter(p for w in words for p in zip(w, w[1:]))
+        a, b = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = vocab[a] + vocab[b]
+        if merged not in vocab:
+            vocab.append(merged)
+        t, new_words = vocab.index(merged), []
+        for w in words:
+            out, i = [], 0
+            while i < len(w):
+                if w[i:i + 2] == [a, b]:
+                    out.append(t); i += 2
+                else:
+                    out.append(w[i]); i += 1
+            new_words.append(out)
+        words = new_words
+    return vocab
+
+
+def test_bpe_trainer(tmp_path):
+    # the 8-space indent makes "  " the clear winner (6 pairs per line), as in real code
+    text = "def forward(self, x):\n        return self.proj(x)\n\n" * 40 + "lorem ipsum dolor sit amet\n" * 7
+    vocab = data.train_bpe([text], 300, verbose=False)
+    assert len(vocab) == 300 and len(set(vocab)) == 300
+    assert vocab[:256] == [bytes([i]) for i in range(256)]
+    # the first merge is the most frequent byte pair within the pre-split chunks
+    pairs = Counter()
+    for chunk in regex.findall(data.PAT_STR, text):
+        b = chunk.encode()
+        pairs.update(zip(b, b[1:]))
+    (a, b), top = pairs.most_common(1)[0]
+    assert pairs.most_common(2)[1][1] < top  # no tie, so the expectation is unambiguous
+    assert vocab[256] == bytes([a, b])
+    # every merge agrees with a naive trainer that recounts all pairs of all chunk occurrences
+    assert vocab == naive_bpe(text, 300)
+    path = tmp_path / "toy.tiktoken"
+    data.write_ranks(vocab, path)
+    toy = data.get_encoding(str(path))
+    assert toy.n_vocab == 302 and toy.eot_token == 300
+    for s in (text, "return self.proj(x) 🐍 unseen words"):
+        assert toy.decode(toy.encode_ordinary(s)) == s
+    assert len(toy.encode_ordinary(text)) < len(text.encode()) / 3  # it learned something
+    assert toy.encode_ordinary(" self") == [vocab.index(b" self")]
+
+
+def test_repeated_ngram_fraction():
+    assert data.repeated_ngram_fraction(list(range(50))) == 0.0
+    assert data.repeated_ngram_fraction([1] * 8) == 0.0  # shorter than n + 1
+    seq = list(range(100))
+    assert data.repeated_ngram_fraction(seq + seq) == pytest.approx(93 / 193)  # ~0.5
+    assert data.repeated_ngram_fraction([7] * 20) == pytest.approx(12 / 13)
+    assert data.repeated_ngram_fraction([1, 2, 1, 2, 1], n=2) == pytest.approx(2 / 4)
+
+
+def test_read_prompts_file(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "def f(x):\\n"}\n\n{"prompt": "class A:", "id": 2}\n')
+    assert data.read_prompts_file(p) == ["def f(x):\n", "class A:"]
+    p = tmp_path / "p.txt"
+    p.write_text("\ndef f(x):\n    return x\n\n\n\nimport os\n  \nclass A:\n")
+    assert data.read_prompts_file(p) == ["def f(x):\n    return x", "import os", "class A:"]
+    cases = {'{"prompt": "a"}\n\n{"prompt": "b"\n': ":3: malformed JSON",
+             '{"prompt": "a"}\n{"text": "b"}\n': ':2: expected an object with a "prompt" string',
+             '{"prompt": "a"}\n[1, 2]\n': ":2:", '{"prompt": 3}\n': ":1:",
+             '{"prompt": "a"}\n{"prompt": ""}\n': ":2: empty prompt"}
+    for i, (content, message) in enumerate(cases.items()):
+        bad = tmp_path / f"bad{i}.jsonl"
+        bad.write_text(content)
+        with pytest.raises(ValueError, match=regex.escape(f"{bad}{message}")):
+            data.read_prompts_file(bad)
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n\n")
+    with pytest.raises(ValueError, match="empty"):
+        data.read_prompts_file(empty)
+    with pytest.raises(ValueError, match="missing.txt"):
+        data.read_prompts_file(tmp_path / "missing.txt")
+
+
+def test_heldout_samples(enc):
+    samples = data.heldout_samples(24)
+    assert len(samples) == 24 and data.heldout_samples(24) == samples  # deterministic
+    assert data.heldout_samples(24, seed=1) != samples
+    assert data.heldout_prompts(5) == [p for p, _ in samples[:5]]
+    val_texts = [t for _, t in data.read_texts(data.corpus_files()["val"])]
+    sources = set()
+    for prompt, continuation in samples:
+        assert prompt.strip() and len(enc.encode_ordinary(prompt)) <= 96
+        assert prompt.lstrip().startswith(("def ", "class ")) and len(prompt.splitlines()) <= 4
+        assert 200 <= len(continuation) <= 1500
+        # the pair is a verbatim cut of one held-out file: the prompt followed by what follows it
+        sources.add(next(i for i, t in enumerate(val_texts) if prompt + continuation in t))
+    assert len(sources) >= 20  # spread across files, not 24 cuts of one file
+    short = data.heldout_samples(10, max_prompt_tokens=24)
+    assert all(len(enc.encode_ordinary(p)) <= 24 for p, _ in short)

@@ -1,0 +1,230 @@
+"""
+Train the target (or the small `draft` model) on the Python-source corpus of data.py.
+
+AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA and fp32 on
+CPU. Training is budgeted in wall-clock minutes: the learning-rate schedule follows the
+fraction of the budget used (or of --max-steps, whichever is further along), so a run of
+any length ends on a fully decayed schedule. With --mtp-depth D it also trains D native
+multi-token-prediction modules (mtp.py) with the target, loss weight lambda / D.
+
+At the end it prints a quality report: greedy continuations of held-out prompts and how
+often they repeat their own 8-grams, against the real code. A target that loops makes every
+drafter look brilliant, so this number decides whether a benchmark on it means anything.
+
+    python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
+    python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
+    python train.py --preset tiny --minutes 1   # smoke test
+"""
+
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+import data
+from model import Config, PRESETS, Transformer, save_checkpoint, load_checkpoint
+
+DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
+
+
+def get_batch(tokens, batch_size, seq_len, gen, device):
+    """Random windows of seq_len+1 tokens from a token memmap -> (B, T+1) int64."""
+    ix = torch.randint(len(tokens) - seq_len - 1, (batch_size,), generator=gen).tolist()
+    x = np.stack([tokens[i:i + seq_len + 1].astype(np.int64) for i in ix])
+    return torch.from_numpy(x).to(device)
+
+
+def lr_at(frac, step, args):
+    """Linear warm-up over --warmup-steps, then cosine from lr down to lr * min_lr_frac."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+@torch.no_grad()
+def evaluate(model, batches, enc):
+    """Mean validation loss (nats/token) and bits per byte over fixed batches."""
+    model.eval()
+    losses, n_bytes, n_tok = [], 0, 0
+    for xy in batches:
+        logits, _ = model(xy[:, :-1])
+        losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten()).item())
+        for row in xy[:, 1:].tolist():
+            n_bytes += len(enc.decode_bytes(row))
+            n_tok += len(row)
+    model.train()
+    loss = float(np.mean(losses))
+    return loss, loss / math.log(2) * n_tok / max(n_bytes, 1)
+
+
+def lookup_hit_rate(prompt, cont):
+    """How often prompt lookup (1-token draft) guesses the next token of a continuation."""
+    from speculate import NgramDrafter
+    look, hits = NgramDrafter(n=3), 0
+    for t in range(len(cont)):
+        seq = prompt + cont[:t]
+        hits += look._lookup(seq, 1)[0] == cont[t]
+    return hits / max(len(cont), 1)
+
+
+@torch.no_grad()
+def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
+    """Does the target write code, or loop? Fraction of repeated 8-grams in its greedy (T=0)
+    and sampled (T=1) continuations of held-out prompts, against the real continuations."""
+    from speculate import generate
+    enc = data.get_encoding()
+    samples = data.heldout_samples(n_prompts)
+    prompts = [enc.encode_ordinary(p) for p, _ in samples]
+    real = [enc.encode_ordinary(c)[:n_tokens] for _, c in samples]
+    greedy, _ = generate(model, prompts, None, max_new_tokens=n_tokens)
+    sampled, _ = generate(model, prompts, None, max_new_tokens=n_tokens, temperature=1.0, seed=0)
+    rep = lambda outs: float(np.mean([data.repeated_ngram_fraction(o, 8) for o in outs]))
+    look = lambda outs: float(np.mean([lookup_hit_rate(p, o) for p, o in zip(prompts, outs)]))
+    q = dict(repeat8_greedy=rep(greedy), repeat8_sampled=rep(sampled), repeat8_real=rep(real),
+             lookup_greedy=look(greedy), lookup_real=look(real))
+    if verbose:
+        print(f"quality report ({n_prompts} held-out prompts, {n_tokens} tokens):")
+        print(f"  repeated 8-grams: greedy {q['repeat8_greedy']:.1%} | T=1 {q['repeat8_sampled']:.1%} | "
+              f"real code {q['repeat8_real']:.1%}")
+        print(f"  prompt lookup guesses: greedy {q['lookup_greedy']:.1%} | real code {q['lookup_real']:.1%}")
+        print("  sample (greedy):\n" + "\n".join("    | " + l for l in (samples[0][0] + enc.decode(greedy[0])).splitlines()[:16]))
+    return q
+
+
+def main(args):
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
+    enc = data.get_encoding()
+    train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
+    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+
+    if args.resume:
+        ck = load_checkpoint(args.resume, kind="target")
+        cfg = Config(**ck["config"])
+        print(f"resuming from {args.resume} at step {ck['step']}")
+    else:
+        cfg = Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
+    seq_len = min(args.seq_len or cfg.max_seq_len, cfg.max_seq_len)
+    model = Transformer(cfg).to(device)
+    mtp_mod = None
+    if args.mtp_depth:
+        from mtp import MTP
+        mtp_mod = MTP(cfg, args.mtp_depth).to(device)
+    params = list(model.parameters()) + (list(mtp_mod.parameters()) if mtp_mod else [])
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    step, elapsed = 0, 0.0
+    if args.resume:
+        model.load_state_dict(ck["state_dict"])
+        if mtp_mod is not None and ck.get("mtp_state_dict"):
+            mtp_mod.load_state_dict(ck["mtp_state_dict"])
+        if "optimizer" in ck:
+            opt.load_state_dict(ck["optimizer"])
+        step, elapsed = ck["step"], ck["elapsed"]
+    print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params"
+          + (f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else "")
+          + f", seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
+
+    gen = torch.Generator().manual_seed(args.seed + step)
+    val_gen = torch.Generator().manual_seed(1234)
+    val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device) for _ in range(args.eval_batches)]
+    budget = args.minutes * 60
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    t_start, tokens_seen, val_loss, bpb = time.time() - elapsed, 0, float("nan"), float("nan")
+    t_log = time.time()
+
+    def save():
+        save_checkpoint(out_path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
+                                       mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
+                                       optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
+                                       args=vars(args), step=step, elapsed=time.time() - t_start,
+                                       val_loss=val_loss, bpb=bpb))
+    model.train()
+    while True:
+        elapsed = time.time() - t_start
+        frac = max(elapsed / budget, step / args.max_steps if args.max_steps else 0.0)
+        if frac >= 1.0:
+            break
+        lr = lr_at(frac, step, args)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        xy = get_batch(train_tok, args.batch_size, seq_len, gen, device)
+        with amp:
+            logits, hidden = model(xy[:, :-1], hidden_layers=(cfg.n_layer,) if mtp_mod else ())
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
+            total = loss
+            if mtp_mod is not None:
+                mtp_losses = mtp_mod.loss(model, xy, hidden[0])
+                total = loss + args.mtp_lambda / args.mtp_depth * sum(mtp_losses)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
+        opt.step()
+        step += 1
+        tokens_seen += xy.shape[0] * seq_len
+        if step % args.eval_every == 0 or step == 1:
+            val_loss, bpb = evaluate(model, val_batches, enc)
+            el = time.time() - t_start
+            eta = max(budget - el, 0) if not args.max_steps else min(max(budget - el, 0), (args.max_steps - step) * el / step)
+            mtp_s = f" | mtp {' '.join(f'{l.item():.2f}' for l in mtp_losses)}" if mtp_mod else ""
+            print(f"step {step:5d} | train {loss.item():.3f} | val {val_loss:.3f} ({bpb:.3f} bpb){mtp_s} | "
+                  f"lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+            tokens_seen, t_log = 0, time.time()
+        if args.save_every and step % args.save_every == 0:
+            save()
+    val_loss, bpb = evaluate(model, val_batches, enc)
+    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {loss.item():.3f} | "
+          f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
+    save()
+    print(f"saved {out_path}")
+    if args.quality_prompts:
+        model.eval()
+        q = quality_report(model, args.quality_prompts, args.quality_tokens)
+        ck = load_checkpoint(out_path)
+        ck["quality"] = q
+        save_checkpoint(out_path, ck)
+    return model
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description="Train the target model (optionally with native MTP heads).")
+    g = p.add_argument_group("model and output")
+    g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
+    g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
+    g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
+    g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock and schedule)")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("budget and optimisation")
+    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: per preset, cpu 8)")
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time budget only)")
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's context)")
+    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    g.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr as a fraction of the peak")
+    g.add_argument("--warmup-steps", type=int, default=50)
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--grad-clip", type=float, default=1.0)
+    g = p.add_argument_group("multi-token prediction (mtp.py)")
+    g.add_argument("--mtp-depth", type=int, default=0, help="train D native MTP modules with the target")
+    g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (divided by D)")
+    g = p.add_argument_group("logging and evaluation")
+    g.add_argument("--eval-every", type=int, default=50, help="steps between validation evaluations")
+    g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches per evaluation")
+    g.add_argument("--save-every", type=int, default=500, help="steps between checkpoints (0 = only at the end)")
+    g.add_argument("--quality-prompts", type=int, default=32, help="held-out prompts for the quality report (0 = skip)")
+    g.add_argument("--quality-tokens", type=int, default=128, help="tokens per continuation in the quality report")
+    return p
+
+
+if __name__ == "__main__":
+    args = get_parser().parse_args()
+    if args.minutes is None:
+        args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0)
+    main(args)
