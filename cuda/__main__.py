@@ -1,0 +1,204 @@
+"""
+Self-check of the extension, in the manner of llm.c's dev/cuda: build it, validate every op and
+every kernel version against its PyTorch reference on fresh random inputs with awkward shapes,
+then time the fused op against the reference (median of many runs, synchronised on CUDA).
+Outputs are poisoned first (caches filled with NaN) so that a missing or a stray write shows.
+Exits non-zero on any mismatch. On a machine without a GPU it checks and times the host path.
+
+    python -m cuda                      # every op, every version, on cuda if present else cpu
+    python -m cuda --op accept_scan --device cpu --repeat 50
+
+The case builders here are shared with tests/test_cuda.py.
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import cuda
+
+# -----------------------------------------------------------------------------
+# inputs
+
+
+def rope_tables(P, D, theta=10000.0, device="cpu"):
+    """cos, sin (P, D/2) float32, as model.rope_table."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    freqs = torch.outer(torch.arange(P, dtype=torch.float32, device=device), inv_freq)  # (P, D/2)
+    return freqs.cos(), freqs.sin()
+
+
+def make_kv_case(L, B, H, D, T_max, T_new, dtype=torch.float32, device="cpu", seed=0):
+    """Random kv_inject arguments; NaN-poisoned caches; row 0 gets no new tokens when B > 1 and
+    the last row runs right up to the end of the cache."""
+    g = torch.Generator().manual_seed(seed)
+    cache_k = torch.full((L, B, H, T_max, D), float("nan"), dtype=dtype)  # (L, B, H, T_max, D)
+    cache_v = torch.full_like(cache_k, float("nan"))
+    new_k = torch.randn(L, B, T_new, H, D, generator=g).to(dtype)          # (L, B, T_new, H, D)
+    new_v = torch.randn(L, B, T_new, H, D, generator=g).to(dtype)
+    counts = torch.randint(0, T_new + 1, (B,), generator=g)                # (B,)
+    offsets = torch.randint(0, T_max - T_new + 1, (B,), generator=g)       # (B,)
+    if B > 1:
+        counts[0] = 0
+    counts[-1], offsets[-1] = T_new, T_max - T_new
+    cos, sin = rope_tables(T_max, D)
+    args = (cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
+    return tuple(a.to(device) for a in args)
+
+
+def quantize(probs, bits=16):
+    """Round probabilities down to multiples of 2^-bits: with rows summing to <= ~1 every partial
+    sum is then exact in float32, so any summation order gives the same CDF (accept_scan.cu)."""
+    return torch.floor(probs * 2.0 ** bits) / 2.0 ** bits
+
+
+def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0, exact=True):
+    """Random accept_scan arguments (p, drafts, q, uniforms) for mode 'greedy', 'sample_q' (real
+    q) or 'sample_argmax' (q = None). Drafts are made plausible so that rows accept anywhere
+    from 0 to K; greedy logits have ties; exact=True quantizes the probabilities (quantize)."""
+    g = torch.Generator().manual_seed(seed)
+    if mode == "greedy":
+        logits = (torch.randn(B, K + 1, V, generator=g) * 2).round()    # (B, K+1, V) many ties
+        drafts = logits[:, :K].argmax(-1)                                # (B, K) the target's picks ...
+        wrong = torch.rand(B, K, generator=g) < 1.5 / (K + 1)            # ... with some mistakes
+        drafts = torch.where(wrong, torch.randint(0, V, (B, K), generator=g), drafts)
+        return logits.to(dtype).to(device), drafts.to(device), None, None
+    drafts = torch.randint(0, V, (B, K), generator=g)                    # (B, K)
+    logits = torch.randn(B, K + 1, V, generator=g) * 2
+    bump = torch.rand(B, K, generator=g) * 14                            # make p(d_i) large, sometimes
+    logits[:, :K].scatter_add_(2, drafts[:, :, None], bump[:, :, None])
+    p = logits.softmax(-1)                                               # (B, K+1, V)
+    q = (logits[:, :K] + torch.randn(B, K, V, generator=g)).softmax(-1) if mode == "sample_q" else None
+    if exact:
+        p = quantize(p)
+        q = None if q is None else quantize(q)
+    if q is not None:
+        q.scatter_(2, drafts[:, :, None], q.gather(2, drafts[:, :, None]).clamp(min=2.0 ** -16))  # q(d) > 0
+        if B > 1:  # row 0: q = p and p(d_1) = 0 -> rejected with an all-zero residual (fallback to p)
+            p[0, 0, drafts[0, 0]] = 0.0
+            q[0] = p[0, :K]
+    uniforms = torch.rand(B, K + 1, generator=g)                         # (B, K+1) float32
+    return p.to(dtype).to(device), drafts.to(device), None if q is None else q.to(device), uniforms.to(device)
+
+
+# -----------------------------------------------------------------------------
+# comparing and timing
+
+
+def mismatches(a, b):
+    """(number of differing elements, max abs difference); NaN equals NaN, NaN vs number differs."""
+    a, b = a.float(), b.float()
+    both_nan = a.isnan() & b.isnan()
+    differ = ((a != b) & ~both_nan).sum().item()
+    diff = (a - b).abs().masked_fill(both_nan, 0).nan_to_num(nan=math.inf)
+    return differ, (diff.max().item() if diff.numel() else 0.0)
+
+
+def median_ms(fn, device, repeat):
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    for _ in range(3):  # warm-up
+        fn()
+    times = []
+    for _ in range(repeat):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+# -----------------------------------------------------------------------------
+# the checks
+
+
+def check_kv_inject(ext, shape, dtype, device, repeat):
+    L, B, H, D, T_max, T_new = shape
+    args = make_kv_case(L, B, H, D, T_max, T_new, dtype, device, seed=sum(shape))
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    ext.kv_inject(*args)  # in place on the poisoned caches
+    nk, ek = mismatches(args[0], ref_k)
+    nv, ev = mismatches(args[1], ref_v)
+    t_ref = median_ms(lambda: cuda.kv_inject_ref(*args), device, repeat)
+    t_ext = median_ms(lambda: ext.kv_inject(*args), device, repeat)
+    return nk + nv, max(ek, ev), t_ref, t_ext
+
+
+def check_accept_scan(ext, shape, mode, version, dtype, device, repeat):
+    B, K, V = shape
+    p, drafts, q, u = make_accept_case(B, K, V, mode, dtype, device, seed=B * 1000 + K * 10 + V)
+    n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+    n_ext, nxt_ext = ext.accept_scan(p, drafts, q, u, version)
+    bad = (n_ref != n_ext).sum().item() + (nxt_ref != nxt_ext).sum().item()
+    t_ref = median_ms(lambda: cuda.accept_scan_ref(p, drafts, q, u), device, repeat)
+    t_ext = median_ms(lambda: ext.accept_scan(p, drafts, q, u, version), device, repeat)
+    return bad, 0.0, t_ref, t_ext
+
+
+KV_SHAPES = [  # (L, B, H, D, T_max, T_new)
+    (2, 1, 2, 64, 64, 16),
+    (3, 3, 1, 16, 40, 7),
+    (4, 7, 2, 64, 256, 16),
+]
+ACCEPT_SHAPES = [  # (B, K, V): V not a multiple of 32
+    (1, 1, 97), (1, 15, 4099), (3, 15, 97), (3, 1, 4099), (7, 15, 4099), (7, 1, 97),
+]
+BIG_SHAPES = {"kv_inject": [(5, 8, 8, 128, 2048, 16)], "accept_scan": [(1, 15, 151936), (32, 15, 32000)]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default 100 cuda, 20 cpu)")
+    ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    args = ap.parse_args()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    repeat = args.repeat or (100 if device.type == "cuda" else 20)
+    print(f"cuda self-check on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    ext = cuda.load(verbose=args.verbose)
+    if ext is None:
+        print(f"cuda: extension not built: {cuda.build_error()}")
+        return 1
+    if device.type == "cuda" and not ext.with_cuda:
+        print("cuda: the extension was built without CUDA")
+        return 1
+    big = device.type == "cuda"  # large shapes only where timing them is cheap
+    rows = []
+    if args.op in ("all", "kv_inject"):
+        for shape in KV_SHAPES + (BIG_SHAPES["kv_inject"] if big else []):
+            for dtype in (torch.float32, torch.bfloat16):
+                r = check_kv_inject(ext, shape, dtype, device, repeat)
+                rows.append(("kv_inject", 1 if device.type == "cuda" else "host",
+                             "LBHDTt=" + "x".join(map(str, shape)), str(dtype)[6:], *r))
+    if args.op in ("all", "accept_scan"):
+        versions = cuda.VERSIONS["accept_scan"] if device.type == "cuda" else ("host",)
+        for shape in ACCEPT_SHAPES + (BIG_SHAPES["accept_scan"] if big else []):
+            for mode in ("greedy", "sample_q", "sample_argmax"):
+                for version in versions:
+                    if mode != "greedy" and version != versions[0]:
+                        continue  # sampling has one kernel
+                    r = check_accept_scan(ext, shape, mode, 1 if version == "host" else version,
+                                          torch.float32, device, repeat)
+                    rows.append(("accept_scan", version, "BKV=" + "x".join(map(str, shape)), mode, *r))
+    head = f"{'op':<12} {'ver':>4} {'shape':<24} {'case':<14} {'dev':<5} {'mismatch':>8} {'max err':>8} " \
+           f"{'ref ms':>8} {'fused ms':>9} {'speedup':>8}"
+    print(head)
+    print("-" * len(head))
+    failed = 0
+    for op, ver, shape, case, bad, err, t_ref, t_ext in rows:
+        failed += bad > 0
+        print(f"{op:<12} {ver!s:>4} {shape:<24} {case:<14} {device.type:<5} {bad:>8} {err:>8.1e} "
+              f"{t_ref:>8.3f} {t_ext:>9.3f} {t_ref / t_ext:>7.1f}x" + ("  MISMATCH" if bad else ""))
+    print(f"{len(rows)} rows, {failed} with mismatches" if failed else f"all {len(rows)} rows match the reference")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+// accept_scan: the acceptance scan of speculative decoding (DESIGN.md sec. 5, Leviathan et al.
+// 2023, arXiv 2211.17192; p = target, q = draft) in one launch instead of several
+// vocabulary-sized PyTorch passes. Same semantics as speculate.accept_scan_ref.
+//
+// shapes: p        (B, K+1, V)  greedy: raw logits (any float dtype); sampling: warped probs
+//         drafts   (B, K) int64 d_1..d_K
+//         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
+//         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
+//         returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
+// Greedy:   accept d_i while d_i == argmax p_i; emit argmax at the first mismatch, or the bonus
+//           argmax p_{K+1}. Ties go to the lowest index and NaN counts as the maximum, like
+//           torch.argmax.
+// Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
+//           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
+//           r has no mass): the first j with cdf_j > u_K * cdf_{V-1} (torch.searchsorted right=True).
+//           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
+//
+// NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds
+// each prefix to float32. Here a block scans tiles of blockDim elements in order, in double,
+// and rounds each prefix to float32 the same way, so the prefixes are the same doubles up to
+// reassociation inside a tile (~1e-16 relative). They can round to a different float32 only
+// when a prefix sits within ~1e-16 of a float32 rounding boundary, and that only matters when
+// u * total lands between the two candidates: we have never seen it, but it is not impossible.
+// The tests make it impossible: their probabilities are multiples of 2^-16, so every partial
+// sum is exact in float32 and all orders agree bit for bit. The host path (ext.cpp) is
+// sequential like torch's and exact on any input.
+//
+// Kernel versions:
+//   kernel1  one block per row. Greedy: positions in order, one block argmax per position, and
+//            stop at the first mismatch (positions after it are never read). Sampling: thread 0
+//            runs the K ratio tests, then the block makes the residual's total, then scans the
+//            residual tile by tile and stops at the tile that crosses u * total. Default.
+//   kernel2  greedy only: one block per (position, row), so B = 1 still fills the GPU; every
+//            block writes its argmax to a workspace, and the last block of a row (a ticket
+//            counter, threadfence pattern) does the scan. Reads all K+1 positions. Sampling
+//            has one kernel (only the emitted row is vocabulary-sized); version 2 runs kernel1.
+//   Promote kernel2 only if `python -m cuda` on a GPU shows that it pays for itself.
+//
+// Self-check (validates every version against the reference, then times): python -m cuda --op accept_scan
+// Compile check only: nvcc -arch=sm_90 -c cuda/accept_scan.cu (see cuda.nvcc_check)
+
+// Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
+// tensors are unpacked and checked in ext.cpp, which passes raw pointers and workspaces.
+#include <c10/core/ScalarType.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+constexpr int kThreads = 512;  // per block; must be a multiple of 32
+constexpr int kWarps = kThreads / 32;
+
+// -----------------------------------------------------------------------------
+// block-wide building blocks
+
+// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. A total
+// order, so any reduction tree gives the same answer as torch's.
+__device__ __forceinline__ bool better(float a, int64_t ia, float b, int64_t ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na || nb) return na && (!nb || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+// argmax over x[0..V) by the whole block; every thread gets the answer
+template <typename scalar_t>
+__device__ int64_t block_argmax(const scalar_t* __restrict__ x, int64_t V) {
+  __shared__ float s_val[kWarps];
+  __shared__ int64_t s_idx[kWarps];
+  float bv = -INFINITY;
+  int64_t bi = INT64_MAX;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {  // coalesced, j increasing per thread
+    const float v = static_cast<float>(x[j]);
+    if (better(v, j, bv, bi)) bv = v, bi = j;
+  }
+  for (int off = 16; off > 0; off /= 2) {  // warp tree
+    const float ov = __shfl_down_sync(0xffffffff, bv, off);
+    const int64_t oi = __shfl_down_sync(0xffffffff, bi, off);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) s_val[warp] = bv, s_idx[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    bv = lane < kWarps ? s_val[lane] : -INFINITY;
+    bi = lane < kWarps ? s_idx[lane] : INT64_MAX;
+    for (int off = 16; off > 0; off /= 2) {
+      const float ov = __shfl_down_sync(0xffffffff, bv, off);
+      const int64_t oi = __shfl_down_sync(0xffffffff, bi, off);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) s_idx[0] = bi;
+  }
+  __syncthreads();
+  const int64_t best = s_idx[0];
+  __syncthreads();  // s_idx is reused by the next call
+  return best;
+}
+
+// inclusive prefix sum of one double per thread, in thread order; *total gets the block's sum
+__device__ double block_inclusive_scan(double x, double* total) {
+  __shared__ double s_warp[kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int off = 1; off < 32; off *= 2) {
+    const double y = __shfl_up_sync(0xffffffff, x, off);
+    if (lane >= off) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < kWarps ? s_warp[lane] : 0.0;
+    for (int off = 1; off < 32; off *= 2) {
+      const double y = __shfl_up_sync(0xffffffff, w, off);
+      if (lane >= off) w += y;
+    }
+    if (lane < kWarps) s_warp[lane] = w;  // now inclusive over warps
+  }
+  __syncthreads();
+  if (warp > 0) x += s_warp[warp - 1];
+  *total = s_warp[kWarps - 1];
+  __syncthreads();  // s_warp is reused by the next call
+  return x;
+}
+
+// -----------------------------------------------------------------------------
+// kernels
+
+// greedy, one block per row, early exit at the first mismatch
+template <typename scalar_t>
+__global__ void accept_greedy_kernel1(const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
+                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
+  const int64_t b = blockIdx.x;
+  for (int i = 0; i <= K; i++) {
+    const int64_t best = block_argmax(p + (b * (K + 1) + i) * V, V);  // the same value in every thread
+    if (i < K && drafts[b * K + i] == best) continue;                 // accepted: look at the next draft
+    if (threadIdx.x == 0) n_out[b] = i, next_out[b] = best;           // first mismatch, or the bonus
+    return;
+  }
+}
+
+// greedy, one block per (position i, row b); the last block of a row scans the row's argmaxes
+template <typename scalar_t>
+__global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
+                                      int64_t* best, int* tickets, int64_t* __restrict__ n_out,
+                                      int64_t* __restrict__ next_out, int K, int64_t V) {
+  const int64_t i = blockIdx.x, b = blockIdx.y;
+  const int64_t arg = block_argmax(p + (b * (K + 1) + i) * V, V);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    best[b * (K + 1) + i] = arg;
+    __threadfence();  // publish best[] before taking a ticket
+    last = atomicAdd(&tickets[b], 1) == K;  // K + 1 blocks per row: the last one sees K
+  }
+  __syncthreads();
+  if (last && threadIdx.x == 0) {
+    __threadfence();
+    const volatile int64_t* row = best + b * (K + 1);  // volatile: read what other blocks wrote, not L1
+    int n = K;
+    for (int j = 0; j < K; j++)
+      if (row[j] != drafts[b * K + j]) { n = j; break; }
+    n_out[b] = n, next_out[b] = row[n];
+  }
+}
+
+// sampling, one block per row: ratio test, residual, inverse CDF
+__global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t* __restrict__ drafts,
+                                      const float* __restrict__ q, const float* __restrict__ u,
+                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
+  const int64_t b = blockIdx.x, K1 = K + 1;
+  __shared__ int s_n;
+  if (threadIdx.x == 0) {  // K is small (<= 16): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
+    int n = K;
+    for (int i = 0; i < K; i++) {
+      const int64_t d = drafts[b * K + i];
+      const bool in_range = d >= 0 && d < V;
+      CUDA_KERNEL_ASSERT(in_range && "accept_scan: draft token outside [0, V)");
+      const float q_d = !in_range ? 1.0f : (q ? q[(b * K + i) * V + d] : 1.0f);
+      const float p_d = !in_range ? 0.0f : p[(b * K1 + i) * V + d];
+      if (!(u[b * K1 + i] * q_d < p_d)) { n = i; break; }
+    }
+    s_n = n;
+  }
+  __syncthreads();
+  const int n = s_n;
+  // the emitted token's distribution: residual max(0, p_n - q_n); no q after the last draft
+  const float* p_n = p + (b * K1 + n) * V;
+  const float* q_n = (q && n < K) ? q + (b * K + n) * V : nullptr;
+  const int64_t d_n = (!q && n < K) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
+  auto residual = [&](int64_t j) {
+    const float d = p_n[j] - (q_n ? q_n[j] : (j == d_n ? 1.0f : 0.0f));
+    return d < 0.0f ? 0.0f : d;  // clamp(min=0); NaN passes, like torch's clamp
+  };
+  // pass 1: the residual's total (rejection implies mass > 0; rounding may leave none -> p_n)
+  double total, part = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += residual(j);
+  block_inclusive_scan(part, &total);
+  const bool use_p = !(total > 0.0);
+  if (use_p) {
+    part = 0.0;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += p_n[j];
+    block_inclusive_scan(part, &total);
+  }
+  // NOTE: this total is reassociated; the reference's cdf[-1] is a sequential sum (header)
+  const float target = u[b * K1 + K] * static_cast<float>(total);
+  // pass 2: tiles in order; the first j whose float32-rounded running sum exceeds the target
+  __shared__ int64_t s_first;
+  if (threadIdx.x == 0) s_first = V;
+  __syncthreads();
+  double carry = 0.0;
+  for (int64_t start = 0; start < V; start += blockDim.x) {
+    const int64_t j = start + threadIdx.x;
+    const double x = j < V ? (use_p ? p_n[j] : residual(j)) : 0.0;
+    double tile;
+    const double cdf = carry + block_inclusive_scan(x, &tile);
+    if (j < V && static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
+    carry += tile;
+    __syncthreads();
+    if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first
+  }
+  if (threadIdx.x == 0) n_out[b] = n, next_out[b] = s_first < V - 1 ? s_first : V - 1;
+}
+
+// -----------------------------------------------------------------------------
+// launchers; the tensors are checked and unpacked by the caller (ext.cpp): all contiguous on
+// `device`; p (and q) are float32 when sampling (u != nullptr); best (B, K+1) int64 and
+// tickets (B,) int32 zeros are kernel2's workspaces
+
+template <typename scalar_t>
+static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next, int64_t* best,
+                          int* tickets, int64_t B, int64_t K, int64_t V, int version, cudaStream_t stream) {
+  if (version == 1) {
+    accept_greedy_kernel1<scalar_t><<<B, kThreads, 0, stream>>>((const scalar_t*)p, drafts, n, next, (int)K, V);
+  } else {
+    accept_greedy_kernel2<scalar_t><<<dim3(K + 1, B), kThreads, 0, stream>>>(
+        (const scalar_t*)p, drafts, best, tickets, n, next, (int)K, V);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts, const float* q, const float* u,
+                      int64_t* n, int64_t* next, int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V,
+                      int version, int device) {
+  if (B == 0) return;  // a launch with zero blocks is an error
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
+  if (u != nullptr) {
+    accept_sample_kernel1<<<B, kThreads, 0, stream>>>((const float*)p, drafts, q, u, n, next, (int)K, V);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  switch (p_dtype) {
+    case c10::ScalarType::Float: return launch_greedy<float>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    case c10::ScalarType::Half: return launch_greedy<c10::Half>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    case c10::ScalarType::BFloat16:
+      return launch_greedy<c10::BFloat16>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    default: TORCH_CHECK(false, "accept_scan_cuda: unsupported dtype ", p_dtype);
+  }
+}

@@ -1,0 +1,108 @@
+// kv_inject: write new context K/V of ALL drafter layers into the DFlash drafter's cache at
+// per-row offsets, rotating K by RoPE at the absolute positions, in one launch
+// (DESIGN.md sec. 6 "KV injection", sec. 7). Replaces L scatters + L RoPE calls per step.
+//
+// For every l, b, h and t < counts[b], with pos = offsets[b] + t:
+//   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)     (rotate-half, as model.apply_rope)
+//   cache_v[l, b, h, pos, :] = new_v[l, b, t, h, :]
+// and nothing else in the cache changes.
+//
+// shapes: cache_k, cache_v (L, B, H, T_max, D)   float32 / float16 / bfloat16, contiguous
+//         new_k, new_v     (L, B, T_new, H, D)   same dtype; k already k-normed, not rotated
+//         offsets, counts  (B,) int64            counts[b] in [0, T_new]
+//         cos, sin         (P, D/2) float32      RoPE tables (model.rope_table)
+// RoPE is computed in float32 with explicitly rounded multiplies and adds (__fmul_rn etc., so
+// nvcc cannot fuse them into FMAs) and rounded once to the cache dtype: bit-exact with
+// cuda.kv_inject_ref, which does the same float32 math in PyTorch.
+//
+// Kernel versions:
+//   kernel1  one thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; the index runs
+//            fastest over i, so a warp reads new_k contiguously and writes a contiguous
+//            half-row of the cache. The op is a memory-bound copy; one version is enough
+//            until a profile says otherwise (a vectorised 16-byte variant is the next step).
+// Bounds: offsets/counts are on the device, so they are checked here, not on the host (a
+// host check would cost a sync per call): a row that would write outside the cache or the
+// RoPE tables is skipped and trips a device-side assert, as torch's own index kernels do.
+//
+// Self-check (validates against the reference, then times): python -m cuda --op kv_inject
+// Compile check only: nvcc -arch=sm_90 -c cuda/kv_inject.cu (see cuda.nvcc_check)
+
+// Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
+// tensors are unpacked and checked in ext.cpp, which passes raw pointers.
+#include <c10/core/ScalarType.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+
+template <typename scalar_t>
+__global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __restrict__ cache_v,
+                                  const scalar_t* __restrict__ new_k, const scalar_t* __restrict__ new_v,
+                                  const int64_t* __restrict__ offsets, const int64_t* __restrict__ counts,
+                                  const float* __restrict__ cos, const float* __restrict__ sin,
+                                  int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D, int64_t T_new,
+                                  int64_t P) {
+  const int64_t D2 = D / 2;
+  const int64_t N = L * B * T_new * H * D2;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N; idx += (int64_t)gridDim.x * blockDim.x) {
+    // idx -> (l, b, t, h, i), i fastest: the layout of new_k (L, B, T_new, H, D) halves
+    const int64_t i = idx % D2;
+    int64_t r = idx / D2;
+    const int64_t h = r % H;
+    r /= H;
+    const int64_t t = r % T_new;
+    r /= T_new;
+    const int64_t b = r % B, l = r / B;
+    const int64_t count = counts[b], off = offsets[b];
+    if (t >= count) continue;  // padding of a short row: untouched
+    const bool ok = count <= T_new && off >= 0 && off + count <= T_max && off + count <= P;
+    CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or the RoPE tables");
+    if (!ok) continue;  // never write out of bounds, even with device asserts compiled out
+    const int64_t pos = off + t;
+    const int64_t src = (((l * B + b) * T_new + t) * H + h) * D;    // new_k[l, b, t, h, :]
+    const int64_t dst = (((l * B + b) * H + h) * T_max + pos) * D;  // cache[l, b, h, pos, :]
+    const float x1 = static_cast<float>(new_k[src + i]);
+    const float x2 = static_cast<float>(new_k[src + i + D2]);
+    const float c = cos[pos * D2 + i], s = sin[pos * D2 + i];
+    // rotate-half: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s), each product rounded like PyTorch's
+    cache_k[dst + i] = static_cast<scalar_t>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    cache_k[dst + i + D2] = static_cast<scalar_t>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+    cache_v[dst + i] = new_v[src + i];
+    cache_v[dst + i + D2] = new_v[src + i + D2];
+  }
+}
+
+template <typename scalar_t>
+static void launch1(void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
+                    const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
+                    int64_t T_max, int64_t D, int64_t T_new, int64_t P, int device) {
+  const int64_t N = L * B * T_new * H * (D / 2);
+  if (N == 0) return;  // a launch with zero blocks is an error
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);  // grid-stride covers the rest
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
+  kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
+      (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v, offsets, counts, cos,
+      sin, L, B, H, T_max, D, T_new, P);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// the tensors are checked and unpacked by the caller (ext.cpp); all contiguous, on `device`
+void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
+                    const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
+                    int64_t T_max, int64_t D, int64_t T_new, int64_t P, c10::ScalarType dtype, int device) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return launch1<float>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+    case c10::ScalarType::Half:
+      return launch1<c10::Half>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+    case c10::ScalarType::BFloat16:
+      return launch1<c10::BFloat16>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+    default:
+      TORCH_CHECK(false, "kv_inject_cuda: unsupported dtype ", dtype);
+  }
+}

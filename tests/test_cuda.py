@@ -1,0 +1,224 @@
+"""
+Tests of the CUDA extension (cuda/, DESIGN.md sec. 7): every path against its PyTorch reference
+on random and awkward shapes (B = 1, 3, 7; K = 1, 15; V = 97, 4099), and the reference
+kv_inject_ref against a per-element loop over model.apply_rope.
+
+On a machine without a GPU the extension builds its host (CPU) variant with g++ (about a
+minute the first time, cached in out/cuda_build/) and the host loops are checked bit for bit;
+the .cu files are compile-checked when nvcc exists; GPU tests skip without a GPU.
+
+    python -m pytest -q tests/test_cuda.py
+"""
+
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+import cuda
+from cuda.__main__ import make_accept_case, make_kv_case, mismatches
+from model import apply_rope
+
+MODES = ("greedy", "sample_q", "sample_argmax")
+ACCEPT_SHAPES = [(1, 1, 97), (1, 15, 4099), (3, 15, 97), (3, 1, 4099), (7, 15, 4099), (7, 1, 97)]  # (B, K, V)
+KV_SHAPES = [(2, 1, 2, 64, 64, 16), (3, 3, 1, 16, 40, 7), (2, 7, 2, 64, 96, 5)]  # (L, B, H, D, T_max, T_new)
+has_gpu = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def ext():
+    e = cuda.load()
+    if e is None:
+        pytest.skip(f"the extension did not build here: {cuda.build_error()}")
+    return e
+
+
+def kv_inject_loop(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
+    """The definition, one (l, b, t, h) vector at a time, through model.apply_rope."""
+    L, B, H, T_max, D = cache_k.shape
+    for l in range(L):
+        for b in range(B):
+            for t in range(int(counts[b])):
+                pos = int(offsets[b]) + t
+                c, s = cos[pos].view(1, 1, 1, -1), sin[pos].view(1, 1, 1, -1)        # (1, 1, 1, D/2)
+                for h in range(H):
+                    x = new_k[l, b, t, h].float().view(1, 1, 1, D)                   # (B, H, T, D) = 1, 1, 1, D
+                    cache_k[l, b, h, pos] = apply_rope(x, c, s).view(D).to(cache_k.dtype)
+                    cache_v[l, b, h, pos] = new_v[l, b, t, h]
+
+
+# -----------------------------------------------------------------------------
+# the references
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", KV_SHAPES[1:])
+def test_kv_inject_ref_matches_loop(shape, dtype):
+    args = make_kv_case(*shape, dtype=dtype, seed=1)
+    k_loop, v_loop = args[0].clone(), args[1].clone()
+    kv_inject_loop(k_loop, v_loop, *args[2:])
+    cuda.kv_inject_ref(*args)
+    assert args[5][0] == 0  # row 0 has no new tokens: its cache stays all NaN
+    assert args[0][:, 0].isnan().all() and args[1][:, 0].isnan().all()
+    assert mismatches(args[0], k_loop)[0] == 0 and mismatches(args[1], v_loop)[0] == 0
+    assert (~args[0].isnan()).sum() == args[0].shape[0] * shape[2] * shape[3] * int(args[5].sum())
+
+
+def test_kv_inject_ref_checks_bounds():
+    args = list(make_kv_case(1, 2, 1, 8, 10, 4))
+    args[4] = torch.tensor([0, 7])  # row 1 would write slots 7..10 with T_max = 10
+    with pytest.raises(ValueError):
+        cuda.kv_inject_ref(*args)
+
+
+# -----------------------------------------------------------------------------
+# the extension's host path (built with g++, no GPU needed)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", KV_SHAPES)
+def test_kv_inject_host(ext, shape, dtype):
+    args = make_kv_case(*shape, dtype=dtype, seed=2)
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    assert ext.kv_inject(*args) is None
+    assert mismatches(args[0], ref_k) == (0, 0.0)  # bit for bit, NaN where nothing was written
+    assert mismatches(args[1], ref_v) == (0, 0.0)
+
+
+def test_kv_inject_host_checks(ext):
+    good = make_kv_case(1, 2, 2, 8, 10, 4)
+
+    def call(i, value, *more):  # good arguments with args[i] = value (and args[i+1] = more[0] ...)
+        args = list(good)
+        args[i:i + 1 + len(more)] = [value, *more]
+        ext.kv_inject(*args)
+
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        call(4, torch.tensor([0, 7]))                      # offsets: row 1 runs past T_max
+    with pytest.raises(RuntimeError, match="counts"):
+        call(5, torch.tensor([0, 5]))                      # counts > T_new
+    with pytest.raises(RuntimeError, match="RoPE"):
+        call(6, good[6][:5], good[7][:5])                  # tables too short (P = 5)
+    with pytest.raises(RuntimeError, match="dtype"):
+        call(2, good[2].double())
+    with pytest.raises(RuntimeError, match="contiguous"):
+        call(2, good[2].transpose(2, 3).contiguous().transpose(2, 3))
+    with pytest.raises(RuntimeError, match="even"):
+        ext.kv_inject(torch.zeros(1, 1, 1, 4, 3), torch.zeros(1, 1, 1, 4, 3), torch.zeros(1, 1, 1, 1, 3),
+                      torch.zeros(1, 1, 1, 1, 3), torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long),
+                      torch.zeros(4, 1), torch.zeros(4, 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES)
+def test_accept_scan_host(ext, shape, mode):
+    for seed, exact in ((0, True), (1, False)):  # the host path is exact even on unquantized input
+        p, drafts, q, u = make_accept_case(*shape, mode, seed=seed, exact=exact)
+        n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+        n, nxt = ext.accept_scan(p, drafts, q, u, 1)
+        assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref)
+        assert n.dtype == nxt.dtype == torch.int64
+
+
+def test_accept_scan_host_covers_cases(ext):
+    """The inputs really exercise partial acceptance, full acceptance and the zero-residual row."""
+    ns = torch.cat([cuda.accept_scan_ref(*make_accept_case(7, 15, 97, m, seed=s))[0] for m in MODES for s in range(4)])
+    assert (ns == 0).any() and ((ns > 0) & (ns < 15)).any()
+    ns = torch.cat([cuda.accept_scan_ref(*make_accept_case(7, 1, 97, m, seed=s))[0] for m in MODES for s in range(4)])
+    assert (ns == 1).any()  # all K accepted: the bonus token
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_accept_scan_host_greedy_low_precision_and_nan(ext, dtype):
+    p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=dtype, seed=3)
+    p[1, 2, [5, 9]] = float("nan")  # torch.argmax: NaN is the maximum, first NaN wins
+    assert all(torch.equal(a, b) for a, b in zip(ext.accept_scan(p, drafts, None, None, 1),
+                                                 cuda.accept_scan_ref(p, drafts)))
+
+
+# -----------------------------------------------------------------------------
+# switching paths
+
+def test_env_zero_forces_reference(monkeypatch):
+    monkeypatch.setenv(cuda.ENV, "0")
+    monkeypatch.setattr(cuda, "load", lambda *a, **k: pytest.fail("DFLASH_CUDA_EXT=0 must not build"))
+    assert cuda.active_path("cpu") == ("reference", f"forced by {cuda.ENV}=0")
+    assert cuda.active_path("cuda")[0] == "reference"
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
+
+
+def test_cpu_default_uses_reference_without_building(monkeypatch):
+    monkeypatch.delenv(cuda.ENV, raising=False)
+    monkeypatch.setattr(cuda, "load", lambda *a, **k: pytest.fail("CPU tensors must not trigger a build"))
+    args = make_kv_case(2, 3, 1, 16, 20, 4)
+    ref_k = args[0].clone()
+    cuda.kv_inject_ref(ref_k, args[1].clone(), *args[2:])
+    cuda.kv_inject(*args)
+    assert mismatches(args[0], ref_k)[0] == 0
+
+
+def test_env_host_uses_extension(ext, monkeypatch):
+    monkeypatch.setenv(cuda.ENV, "host")
+    assert cuda.active_path("cpu")[0] == "extension"
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_argmax")
+    p = p.transpose(0, 1).contiguous().transpose(0, 1)  # non-contiguous input is fine through the wrapper
+    assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
+
+
+def test_stale_build_lock_is_removed(tmp_path):
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - cuda.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    cuda._wait_for_stale_lock(tmp_path)  # returns at once instead of waiting forever
+    assert not lock.exists()
+
+
+# -----------------------------------------------------------------------------
+# the .cu files and the GPU
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cu_files_compile_with_nvcc(tmp_path):
+    for name, (ok, log) in cuda.nvcc_check(arch="sm_90", out_dir=tmp_path, timeout=120).items():
+        assert ok, f"nvcc failed on {name}:\n{log[-3000:]}"
+        assert (tmp_path / name.replace(".cu", ".o")).stat().st_size > 0
+
+
+@pytest.mark.skipif(not has_gpu, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", KV_SHAPES + [(5, 8, 8, 128, 300, 16)])
+def test_kv_inject_cuda(ext, shape, dtype):
+    args = make_kv_case(*shape, dtype=dtype, seed=4, device="cuda")
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    ext.kv_inject(*args)
+    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+@pytest.mark.skipif(not has_gpu, reason="no CUDA device")
+@pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES + [(2, 15, 151936)])
+def test_accept_scan_cuda(ext, shape, mode, version):
+    # quantized probabilities (exact=True): every summation order gives the same CDF, so the
+    # GPU's tile scan must agree bit for bit with the CPU reference's sequential one
+    p, drafts, q, u = make_accept_case(*shape, mode, seed=5, exact=True)
+    n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+    c = lambda t: None if t is None else t.cuda()
+    n, nxt = ext.accept_scan(c(p), c(drafts), c(q), c(u), version)
+    assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
+    if mode == "greedy":  # low-precision logits too
+        n, nxt = ext.accept_scan(p.cuda().bfloat16(), drafts.cuda(), None, None, version)
+        n_ref, nxt_ref = cuda.accept_scan_ref(p.bfloat16(), drafts)
+        assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
+
+
+@pytest.mark.skipif(not has_gpu, reason="no CUDA device")
+def test_speculate_uses_extension_on_cuda(ext):
+    import speculate
+    p, drafts, q, u = (t if t is None else t.cuda() for t in make_accept_case(3, 4, 97, "sample_q"))
+    assert cuda.active_path("cuda")[0] == "extension"
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in
+               zip(speculate.accept_scan(p, drafts, q, u), speculate.accept_scan_ref(p, drafts, q, u)))
