@@ -47,10 +47,10 @@ class Config:
 # tokenizer at build time.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, max_seq_len=256),
-    "cpu": dict(n_layer=6, n_head=6, n_kv_head=2, n_embd=384, mlp_hidden=1024, max_seq_len=512),
+    "cpu": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=768, max_seq_len=384),
     "gpu": dict(n_layer=14, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048, max_seq_len=1024),
     # the small models of the `draft` method (speculate.py): same family, same context
-    "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384, max_seq_len=512),
+    "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384, max_seq_len=384),
     "gpu-draft": dict(n_layer=4, n_head=8, n_kv_head=4, n_embd=256, mlp_hidden=768, max_seq_len=1024),
 }
 

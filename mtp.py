@@ -55,23 +55,42 @@ class MTP(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
 
-    def loss(self, target, tokens, h0):
-        """Training loss summed over depths (the caller weights it by lambda / D).
-        tokens (B, T+1): the whole window; h0 (B, T, C): the target's last hidden states
-        for tokens[:, :T]. Module k at position t sees x_{t+k} and predicts x_{t+k+1}."""
+    def losses(self, target, tokens, h0):
+        """Per-depth cross-entropies and top-1 hits. tokens (B, T+1): the whole window;
+        h0 (B, T, C): the target's last hidden states for tokens[:, :T]. Module k at
+        position t sees x_{t+k} and predicts x_{t+k+1}."""
         B, T, _ = h0.shape
-        h, losses = h0, []
+        h, losses, hits, counts = h0, [], [], []
         for k, mod in enumerate(self.mods, 1):
             Tk = T - k
             pos = torch.arange(Tk, device=tokens.device).expand(B, Tk)
             cos, sin = target.rope(pos)
             h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)
             logits = target.head(mod.out_norm(h))                          # (B, Tk, V)
-            losses.append(F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, k + 1:k + 1 + Tk].flatten()))
-        return losses
+            labels = tokens[:, k + 1:k + 1 + Tk]
+            losses.append(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()))
+            hits.append((logits.argmax(-1) == labels).sum())
+            counts.append(labels.numel())
+        return losses, torch.stack(hits).cpu(), torch.tensor(counts)
 
     def n_params(self):
         return sum(p.numel() for p in self.parameters())
+
+
+class PostHocMTP(MTP):
+    """MTP modules trained afterwards on a frozen target (train_drafter.py --method mtp)."""
+
+    def __init__(self, cfg, depth):
+        super().__init__(cfg, depth)
+        self.hidden_layers = (cfg.n_layer,)
+
+    def config_dict(self):
+        return {"depth": self.depth}
+
+    def loss(self, target, tokens, feats):
+        """tokens (B, T), feats (B, T, C) -> mean loss over depths, agreement per depth."""
+        losses, hits, counts = self.losses(target, tokens, feats[:, :-1])
+        return sum(losses) / len(losses), {"agree": hits, "count": counts}
 
 
 class MTPDrafter:

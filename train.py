@@ -160,7 +160,7 @@ def main(args):
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
             total = loss
             if mtp_mod is not None:
-                mtp_losses = mtp_mod.loss(model, xy, hidden[0])
+                mtp_losses = mtp_mod.losses(model, xy, hidden[0])[0]
                 total = loss + args.mtp_lambda / args.mtp_depth * sum(mtp_losses)
         opt.zero_grad(set_to_none=True)
         total.backward()

@@ -1,0 +1,236 @@
+"""
+DFlash: a block-diffusion drafter with target-feature KV injection
+(Chen, Liang, Liu, "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036).
+
+An autoregressive drafter pays one forward pass per draft token. DFlash fills a whole block
+in ONE pass: the block is [x_last, <|mask|> x (B-1)] at positions s..s+B-1, it attends to
+itself bidirectionally (no mask), and the output at slot k is the draft for position s+k
+(same position, not shifted), so one pass yields B-1 drafts and one verify covers B tokens.
+
+What makes a few small layers good enough is the conditioning. The target's hidden states
+at n layers spread over its depth are concatenated and projected (Linear n*C -> C, RMSNorm)
+into a context feature c_t per committed position t, and in EVERY drafter layer they are
+injected as keys and values through that layer's own projections:
+
+    q = W_q x_block      k = [k_norm(W_k c_{0..s-1}) ; k_norm(W_k x_block)]      (RoPE at
+                         v = [       W_v c_{0..s-1}  ;        W_v x_block ]       absolute pos)
+
+The context gets no queries, MLP or residual: it only supplies keys and values, so its
+per-layer K/V can be cached and extended by the newly committed positions after every verify
+(the KV-injection op, cuda.kv_inject, one launch for all layers). The drafter has no
+embedding or head of its own: it uses the target's, frozen (the <|mask|> row stays untrained).
+
+Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
+continuations, sample many anchors a per sequence; each anchor's block [x_a, mask...] sees
+the context strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in
+one pass with a block-sparse mask. Loss = cross-entropy at slots 1..B-1 against x_{a+k},
+weighted by exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
+Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
+shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
+
+    python train_drafter.py --method dflash --target out/cpu/target.pt
+"""
+
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import Block, RMSNorm, apply_rope, logits_to_probs, weights_hash, load_checkpoint
+
+GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (paper)
+
+
+def feature_layers(n_layer, n_features):
+    """n target layers spread evenly over depth, from the first block to the last."""
+    n_features = min(n_features, n_layer)
+    return tuple(sorted({round(1 + i * (n_layer - 1) / max(n_features - 1, 1)) for i in range(n_features)}))
+
+
+class DFlash(nn.Module):
+
+    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=32, mask_id=None):
+        super().__init__()
+        self.cfg, self.block_size, self.anchors = cfg, block_size, anchors
+        self.n_layer, self.n_features = n_layer, n_features
+        self.hidden_layers = feature_layers(cfg.n_layer, n_features)
+        self.mask_id = cfg.vocab_size - 1 if mask_id is None else mask_id  # <|mask|> is the last id
+        self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)
+        self.ctx_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.layers = nn.ModuleList([Block(cfg) for _ in range(n_layer)])
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def config_dict(self):
+        return dict(n_layer=self.n_layer, n_features=self.n_features, block_size=self.block_size,
+                    anchors=self.anchors, mask_id=self.mask_id)
+
+    def context(self, feats):
+        """Target features (B, T, n*C) -> context features c (B, T, C)."""
+        return self.ctx_norm(self.fc(feats))
+
+    def context_kv(self, c):
+        """Per-layer context keys/values, k normed but NOT rotated: (L, B, T, H, D) each.
+        This is what cuda.kv_inject writes (rotating k at the absolute positions)."""
+        B, T, _ = c.shape
+        ks, vs = [], []
+        for layer in self.layers:
+            a = layer.attn
+            ks.append(a.k_norm(a.wk(c).view(B, T, a.n_kv_head, a.head_dim)))
+            vs.append(a.wv(c).view(B, T, a.n_kv_head, a.head_dim))
+        return torch.stack(ks), torch.stack(vs)
+
+    def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
+        """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
+        (L, B, H, T_ctx, D) rotated context keys/values per layer; mask (B, 1, S, T_ctx + S)
+        or None (= every query sees every key: inference with full rows).
+        Returns logits (B, S, V) through the target's frozen head."""
+        cos, sin = target.rope(pos)
+        for i, layer in enumerate(self.layers):
+            a, h = layer.attn, layer.attn_norm(x)
+            q = a.project_q(h, cos, sin)                    # (B, H, S, D)
+            k, v = a.project_kv(h, cos, sin)                # (B, H_kv, S, D)
+            k = torch.cat([ctx_k[i], k], 2)                 # injected context first
+            v = torch.cat([ctx_v[i], v], 2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            x = x + a.wo(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+            x = x + layer.mlp(layer.mlp_norm(x))
+        return target.head(self.norm(x))
+
+    # -- training ---------------------------------------------------------------
+
+    def train_logits(self, target, tokens, feats, anchors):
+        """All blocks of all anchors in one pass. tokens (B, T), feats (B, T, n*C) of the frozen
+        target on them, anchors (B, A). Returns logits (B, A, S, V) and positions (B, A, S)."""
+        B, T = tokens.shape
+        S, dev = self.block_size, tokens.device
+        A = anchors.shape[1]
+        slot = torch.arange(S, device=dev)
+        pos = anchors[:, :, None] + slot                                    # (B, A, S)
+        # block inputs: x_a at slot 0, <|mask|> elsewhere
+        blk = torch.full((B, A, S), self.mask_id, device=dev)
+        blk[:, :, 0] = tokens.gather(1, anchors)
+        x = target.embed(blk).flatten(1, 2)                                  # (B, A*S, C)
+        # context K/V for all T positions, rotated at their own positions
+        ck, cv = self.context_kv(self.context(feats))                       # (L, B, T, H, D)
+        cpos = torch.arange(T, device=dev).expand(B, T)
+        ccos, csin = target.rope(cpos)
+        ck = apply_rope(ck.transpose(2, 3), ccos, csin)                     # (L, B, H, T, D)
+        cv = cv.transpose(2, 3)
+        # block-sparse mask: a query of anchor a sees context j < a (strictly!) and its own block
+        q_anchor = anchors[:, :, None].expand(B, A, S).flatten(1)           # (B, A*S)
+        see_ctx = torch.arange(T, device=dev)[None, None, :] < q_anchor[:, :, None]  # (B, A*S, T)
+        blk_id = torch.arange(A, device=dev).repeat_interleave(S)
+        see_blk = (blk_id[:, None] == blk_id[None, :]).expand(B, -1, -1)    # (B, A*S, A*S)
+        mask = torch.cat([see_ctx, see_blk], 2)[:, None]                    # (B, 1, A*S, T + A*S)
+        # NOTE: slots past the end of a sequence (no label) still take part, as at inference;
+        # clamp only their RoPE lookup so a window at the context edge cannot index past the table
+        rpos = pos.flatten(1).clamp(max=self.cfg.max_seq_len - 1)
+        return self.blocks_forward(target, x, rpos, ck, cv, mask).view(B, A, S, -1), pos
+
+    def loss(self, target, tokens, feats, anchors=None):
+        """Weighted block loss and per-slot top-1 agreement counts. Anchors are sampled afresh
+        on every call (so each epoch sees new ones) unless given (B, A)."""
+        B, T = tokens.shape
+        S, dev = self.block_size, tokens.device
+        if anchors is None:  # a in [1, T-2]: at least one context position and one label
+            A = min(self.anchors, T - 2)
+            anchors = torch.stack([torch.randperm(T - 2, device=dev)[:A] + 1 for _ in range(B)])  # (B, A)
+        logits, pos = self.train_logits(target, tokens, feats, anchors)
+        slot = torch.arange(S, device=dev)
+        # slot k predicts the token AT position a+k (same position, no shift); slot 0 is dropped
+        lab_pos = pos[:, :, 1:]                                             # (B, A, S-1)
+        valid = lab_pos < T
+        labels = tokens.gather(1, lab_pos.clamp(max=T - 1).flatten(1)).view(B, A, S - 1)
+        logits = logits[:, :, 1:]
+        gamma = GAMMA.get(S, 7.0)
+        w = torch.exp(-(slot[1:] - 1).float() / gamma)[None, None].expand(B, A, S - 1) * valid
+        ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view(B, A, S - 1)
+        loss = (ce * w).sum() / w.sum()
+        hit = (logits.argmax(-1) == labels) & valid
+        return loss, {"agree": hit.sum((0, 1)).cpu(), "count": valid.sum((0, 1)).cpu()}
+
+
+# -----------------------------------------------------------------------------
+# inference
+
+class DFlashDrafter:
+    """The drafter interface of speculate.py. Its state is the per-layer cache of context K/V
+    for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's)."""
+
+    def __init__(self, target, dflash, block_size=None, sample=False):
+        bs = block_size or dflash.block_size
+        if not 2 <= bs <= dflash.block_size:
+            raise ValueError(f"block size {bs} is outside what the drafter was trained for (2..{dflash.block_size})")
+        self.target, self.dflash, self.block_size, self.sample = target, dflash, bs, sample
+        self.hidden_layers = dflash.hidden_layers
+        self.default_K = bs - 1
+
+    def params(self):
+        return sum(p.numel() for p in self.dflash.parameters())
+
+    def prefill(self, tokens, n, feats):
+        B, T_max = tokens.shape
+        cfg, L = self.target.cfg, self.dflash.n_layer
+        shape = (L, B, cfg.n_kv_head, T_max, cfg.head_dim)  # (L, B, H, T_max, D)
+        w = self.target.head.weight
+        self.ck = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.cv = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.ctx_len = torch.zeros(B, dtype=torch.long, device=w.device)
+        self.update(tokens, n, feats, n - 1)  # the prompt pass fed positions 0..n-2
+
+    @torch.no_grad()
+    def update(self, tokens, n, feats, n_new):
+        """Project the newly committed positions' features and inject them into every layer's
+        context cache at each row's own offset (RoPE applied at the absolute positions)."""
+        import cuda
+        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
+        cuda.kv_inject(self.ck, self.cv, k.contiguous(), v.contiguous(), self.ctx_len, n_new,
+                       self.target.rope_cos, self.target.rope_sin)
+        self.ctx_len = self.ctx_len + n_new
+
+    @torch.no_grad()
+    def block_logits(self, tokens, n, S):
+        """One drafter pass over the block [x_{N-1}, mask x (S-1)] -> logits (B, S, V)."""
+        B, dev = tokens.shape[0], tokens.device
+        rows = torch.arange(B, device=dev)
+        blk = torch.full((B, S), self.dflash.mask_id, device=dev)
+        blk[:, 0] = tokens[rows, n - 1]                       # slot 0: the pending token x_{N-1}
+        pos = (n - 1)[:, None] + torch.arange(S, device=dev)  # (B, S) absolute positions
+        T_ctx = int(self.ctx_len.max())
+        ck, cv = self.ck[:, :, :, :T_ctx], self.cv[:, :, :, :T_ctx]
+        mask = None  # the block sees all of itself and all of its row's context: no mask at all
+        if bool((self.ctx_len != T_ctx).any()):  # ragged rows: hide other rows' stale context
+            see = torch.arange(T_ctx, device=dev)[None] < self.ctx_len[:, None]       # (B, T_ctx)
+            mask = torch.cat([see, torch.ones(B, S, dtype=torch.bool, device=dev)], 1)[:, None, None]
+        return self.dflash.blocks_forward(self.target, self.target.embed(blk), pos, ck, cv, mask)
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        S = min(K + 1, self.block_size)
+        B = tokens.shape[0]
+        logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
+        if temperature > 0 and self.sample:  # independent draws from each slot's own q
+            q = logits_to_probs(logits, temperature, top_k)                          # (B, S-1, V)
+            d = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(B, S - 1)
+            return d, q
+        return logits.argmax(-1), None
+
+
+def load_drafter(target, out_dir, block_size=None, dflash_sample=False, **kw):
+    path = os.path.join(out_dir, "dflash.pt")
+    ck = load_checkpoint(path, kind="dflash")
+    if ck["target_hash"] != weights_hash(target.cfg, target.state_dict()):
+        raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one; retrain it")
+    model = DFlash(target.cfg, **ck["config"])
+    model.load_state_dict({k: v.float() for k, v in ck["state_dict"].items()})
+    model.to(target.head.weight).eval()
+    dr = DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
+    print(f"dflash: {model.n_layer} layers, features from target layers {model.hidden_layers}, "
+          f"block {dr.block_size} (trained {model.block_size}), {'sampled' if dflash_sample else 'argmax'} drafts")
+    return dr

@@ -1,0 +1,198 @@
+"""
+Train a drafter on a frozen target: `mtp` (post-hoc heads, mtp.py), `eagle` (draft_eagle.py)
+or `dflash` (draft_diffusion.py).
+
+1. Self-distillation data: the target's own continuations of training prompts, generated in
+   batches through the KV cache (speculate.generate, plain decoding) and cached in
+   out/<preset>/distill_<hash>.pt. A drafter should learn what *this* target says, not what
+   the corpus says: that is what its drafts are verified against (DFlash sec. 4, EAGLE).
+   By default half the continuations are greedy (T = 0) and half sampled (T = 1), because
+   the benchmark runs at both temperatures and a weak target's greedy text loops.
+2. Training: the target stays frozen (embedding and head included); its hidden states are
+   computed on the fly for each batch. Every drafter model exposes the same two things:
+   `hidden_layers` (which target layers it reads) and `loss(target, tokens, feats)` ->
+   (loss, stats) with per-position top-1 agreement counts. AdamW lr 6e-4, cosine schedule,
+   4 % warm-up, clip 1.0 (the DFlash paper's recipe, used for every method so that they are
+   compared under the same budget and data).
+3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
+   for; loading it against another target is an error.
+
+    python train_drafter.py --method dflash --target out/cpu/target.pt --minutes 10
+"""
+
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+import data
+from model import load_target, save_checkpoint, load_checkpoint, weights_hash
+
+
+# -----------------------------------------------------------------------------
+# self-distillation data
+
+@torch.no_grad()
+def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train", batch=32):
+    """(n_seqs, prompt_len + gen_len) int64: random corpus windows continued by the target."""
+    from speculate import generate
+    tokens = data.load_tokens(split)
+    g = torch.Generator().manual_seed(seed)
+    out, t0 = [], time.time()
+    for i in range(0, n_seqs, batch):
+        nb = min(batch, n_seqs - i)
+        ix = torch.randint(len(tokens) - prompt_len, (nb,), generator=g).tolist()
+        prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix]
+        temp = temperatures[(i // batch) % len(temperatures)]
+        cont, _ = generate(target, prompts, None, max_new_tokens=gen_len, temperature=temp, seed=seed + i)
+        out += [p + c for p, c in zip(prompts, cont)]
+        done = i + nb
+        eta = (time.time() - t0) / done * (n_seqs - done)
+        print(f"\rdistill ({split}): {done}/{n_seqs} sequences | ETA {eta:.0f} s", end="", flush=True)
+    print()
+    return torch.tensor(out)
+
+
+def get_distill_data(target, args, target_hash):
+    path = os.path.join(args.out_dir, f"distill_{target_hash}_{args.n_seqs}_{args.prompt_len}_{args.gen_len}.pt")
+    if os.path.exists(path):
+        print(f"distill: reusing {path}")
+        d = torch.load(path, weights_only=True)
+        return d["train"], d["val"]
+    temps = [float(t) for t in args.distill_temperatures.split(",")]
+    train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed)
+    val = build_distill_data(target, args.n_val_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed + 1, split="val")
+    save_checkpoint(path, {"train": train, "val": val})
+    return train, val
+
+
+# -----------------------------------------------------------------------------
+# the drafter models, by method
+
+def make_drafter_model(method, target, args):
+    if method == "mtp":
+        import mtp
+        return mtp.PostHocMTP(target.cfg, depth=args.mtp_depth)
+    if method == "eagle":
+        import draft_eagle
+        return draft_eagle.Eagle(target.cfg, ttt_steps=args.ttt_steps)
+    if method == "dflash":
+        import draft_diffusion
+        return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers, n_features=args.dflash_features,
+                                      block_size=args.block_size, anchors=args.anchors)
+    raise ValueError(f"unknown method {method!r}; choose mtp, eagle or dflash")
+
+
+def target_features(target, tokens, layers):
+    """Concatenated hidden states (B, T, len(layers) * C) of the frozen target."""
+    with torch.no_grad():
+        _, hidden = target(tokens, hidden_layers=layers)
+    return torch.cat(hidden, -1)
+
+
+@torch.no_grad()
+def evaluate(model, target, val, batch_size):
+    model.eval()
+    agree, count, losses = 0, 0, []
+    for i in range(0, len(val), batch_size):
+        tok = val[i:i + batch_size]
+        loss, st = model.loss(target, tok, target_features(target, tok, model.hidden_layers))
+        losses.append(loss.item())
+        agree, count = agree + st["agree"], count + st["count"]
+    model.train()
+    return float(np.mean(losses)), (agree / count.clamp(min=1)).tolist()
+
+
+def main(args):
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = load_target(args.target, device=device)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    args.out_dir = args.out_dir or os.path.dirname(args.target)
+    th = weights_hash(target.cfg, target.state_dict())
+    print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
+    train, val = get_distill_data(target, args, th)
+    train, val = train.to(device), val.to(device)
+    print(f"distill data: {tuple(train.shape)} train, {tuple(val.shape)} val sequences")
+
+    model = make_drafter_model(args.method, target, args).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.method}: {n_params / 1e6:.2f}M trainable params, target layers {model.hidden_layers}")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    budget, warm = args.minutes * 60, 0.04
+    g = torch.Generator().manual_seed(args.seed)
+    t0, step, epoch = time.time(), 0, 0
+    perm = torch.randperm(len(train), generator=g)
+    while True:
+        frac = (time.time() - t0) / budget
+        if args.max_steps:
+            frac = max(frac, step / args.max_steps)
+        if frac >= 1:
+            break
+        # warm-up over the first 4 % of the budget, then cosine to zero
+        lr = args.lr * (frac / warm if frac < warm else 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm))))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        if (step + 1) * args.batch_size > (epoch + 1) * len(train):  # new epoch: new order (and new anchors)
+            epoch += 1
+            perm = torch.randperm(len(train), generator=g)
+        j = (step * args.batch_size) % len(train)
+        tok = train[perm[j:j + args.batch_size].to(device)]
+        loss, st = model.loss(target, tok, target_features(target, tok, model.hidden_layers))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % args.eval_every == 0 or step == 1:
+            vl, acc = evaluate(model, target, val, args.batch_size)
+            el = time.time() - t0
+            print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
+                  f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
+                  f"ETA {max(budget - el, 0) / 60:.1f} min", flush=True)
+    vl, acc = evaluate(model, target, val, args.batch_size)
+    minutes = (time.time() - t0) / 60
+    print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
+          f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
+    path = os.path.join(args.out_dir, f"{args.method}.pt")
+    save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
+                               target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
+                               train_minutes=minutes, val_agreement=acc))
+    print(f"saved {path}")
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen target.")
+    p.add_argument("--method", required=True, choices=["mtp", "eagle", "dflash"], help="which drafter")
+    p.add_argument("--target", default="out/cpu/target.pt", help="target checkpoint")
+    p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("self-distillation data")
+    g.add_argument("--n-seqs", type=int, default=1024, help="training sequences the target continues")
+    g.add_argument("--n-val-seqs", type=int, default=64, help="held-out sequences (from the val split)")
+    g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
+    g.add_argument("--gen-len", type=int, default=192, help="tokens the target generates per prompt")
+    g.add_argument("--distill-temperatures", default="0,1", help="temperatures of the continuations, cycled per batch")
+    g = p.add_argument_group("training")
+    g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
+    g.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    g.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (DFlash: 6e-4)")
+    g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    g = p.add_argument_group("per method")
+    g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
+    g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")
+    g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
+    g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
+    g.add_argument("--block-size", type=int, default=16, help="dflash: block size B (drafts B-1 tokens)")
+    g.add_argument("--anchors", type=int, default=32, help="dflash: anchors (blocks) per sequence per step")
+    return p
+
+
+if __name__ == "__main__":
+    main(get_parser().parse_args())
