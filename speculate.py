@@ -115,7 +115,8 @@ def feed_ragged(model, cache, tokens, n, hidden_layers=()):
     idx = torch.minimum(idx, (n - 1)[:, None])                              # pad by repeating
     logits, hidden = model(tokens.gather(1, idx), cache, hidden_layers=hidden_layers)
     cache.rollback(n)
-    last = (n - 1 - start)[:, None, None]
+    # a finished row (n == start) feeds nothing real: clamp its index to the (junk) first slot
+    last = (n - 1 - start).clamp(min=0)[:, None, None]
     return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], hidden, start
 
 
@@ -205,10 +206,13 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     K = K if drafter is not None else 0
     device = target.head.weight.device
     B, lens = len(prompts), [len(pr) for pr in prompts]
-    T_max = max(lens) + max_new_tokens + K + 1
+    # NOTE: a row may overshoot its budget by up to K tokens in its last step, and a finished
+    # row still rides along in later verify passes (masked out), which reads K+1 more positions
+    # past that: hence 2K + 1 positions of headroom, not K + 1.
+    T_max = max(lens) + max_new_tokens + 2 * K + 1
     if T_max > target.cfg.max_seq_len:
-        raise ValueError(f"longest prompt ({max(lens)} tokens) + {max_new_tokens} new tokens + {K + 1} "
-                         f"verify positions exceeds the target's context of {target.cfg.max_seq_len}")
+        raise ValueError(f"longest prompt ({max(lens)} tokens) + {max_new_tokens} new tokens + {2 * K + 1} "
+                         f"positions of draft headroom exceeds the target's context of {target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
 
@@ -264,6 +268,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # finished rows commit nothing and stay where they are
         n_acc = torch.where(done, torch.zeros_like(n_acc), n_acc)
         n_new = torch.where(done, torch.zeros_like(n_acc), n_acc + 1)
+        # never commit past a row's budget: the excess would be cut anyway, and a finished row
+        # keeps riding along in the batch, so its n must stay within the T_max buffers
+        n_new = torch.minimum(n_new, max_new_tokens - (n - torch.tensor(lens, device=device)))
         # commit d_1..d_n and then the emitted token, per row
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
         new = torch.cat([drafts, nxt[:, None]], 1)

@@ -96,6 +96,8 @@ def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
 
 def main(args):
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
     enc = data.get_encoding()
@@ -201,6 +203,7 @@ def get_parser():
     g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock and schedule)")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("budget and optimisation")
     g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: per preset, cpu 8)")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time budget only)")
