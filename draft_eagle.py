@@ -1,0 +1,249 @@
+"""
+EAGLE-3-style autoregressive feature drafter (Li et al. 2025, "EAGLE-3: Scaling up Inference
+Acceleration of Large Language Models via Training-Time Test", arXiv 2503.01840): the baseline
+DFlash is compared with (DESIGN.md sec. 6), drafting a chain of K tokens (no tree).
+
+Positions. Drafter position p fuses the target's hidden states at p from a low, a middle and a
+high layer (concat 3C -> C: f_p, which "knows" x_0..x_p) with embed(x_{p+1}), runs one decoder
+layer of the target's kind and predicts x_{p+2} with the target's frozen head (own final norm):
+
+    h_p = Layer([norm(embed(x_{p+1})); norm(f_p)])        (2C input, residual stream = f_p)
+    logits_p = head(norm(h_p))                             predicts x_{p+2}
+
+Drafting (N committed tokens, the target has fed x_0..x_{N-2}): catch the drafter's KV cache up
+on every position p <= N-2 with true features; the output at p = N-2 drafts d_1 = x_N. Then each
+further step at position p+1 feeds back the drafter's own output feature h_p in place of the
+target's f_{p+1} (which does not exist yet) with embed(last draft). The tentative entries are
+rolled back, so the cache only ever holds exact positions 0..N-2.
+
+Training ("training-time test"): unroll n steps (7) on its own predicted features, step j
+weighted 0.8^j, so the drafter learns to read the features it will actually get at inference.
+
+    python train_drafter.py --method eagle
+    python speculate.py --method eagle --check
+
+About 250 lines, over the ~200 budget: the training-time-test attention and the ragged
+catch-up are spelled out rather than folded into helpers shared with mtp.py.
+"""
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kv_cache import KVCache
+from model import MLP, Attention, RMSNorm, logits_to_probs, weights_hash, load_checkpoint
+
+
+def default_layers(L):
+    """Low, middle, high taps (1, L//2, L-1): EAGLE-3's reference code taps (2, L/2, L-3) of a
+    32-layer Llama, scaled to a shallow target. The very top block is left out, as there: it
+    specialises in predicting x_{p+1}, which the drafter gets explicitly as its token input.
+    A target of < 4 blocks has no three distinct such layers; take its top three taps."""
+    return (1, L // 2, L - 1) if L >= 4 else tuple(range(max(L - 2, 0), L + 1))
+
+
+def ttt_attention(attn, x, cos, sin, kvs):
+    """Attention of unroll step j = len(kvs) over a (B, T) grid of positions, with the exact
+    keys an inference-time chain sees. The query at p belongs to the chain anchored at a = p - j:
+    it sees step-0 keys at positions <= a (true context) and, for i = 1..j, the one step-i key
+    at position a + i (its own chain's earlier drafts; i = j is itself). kvs holds the (k, v)
+    of steps 0..j-1 and gets this step's appended. x (B, T, 2C) -> (B, T, C).
+    Dense over all (j+1) T keys: wasteful, but plain, and fine at our sizes."""
+    B, T, _ = x.shape
+    q = attn.project_q(x, cos, sin)                                   # (B, H, T, D)
+    kvs.append(attn.project_kv(x, cos, sin))                          # (B, H_kv, T, D) each
+    j, dev = len(kvs) - 1, x.device
+    k = torch.cat([k for k, _ in kvs], 2)                             # (B, H_kv, (j+1) T, D): step 0, 1, ..
+    v = torch.cat([v for _, v in kvs], 2)                             # (B, H_kv, (j+1) T, D)
+    step = torch.arange(j + 1, device=dev).repeat_interleave(T)       # ((j+1) T,) step of each key
+    kpos = torch.arange(T, device=dev).repeat(j + 1)                  # ((j+1) T,) position of each key
+    a = torch.arange(T, device=dev)[:, None] - j                      # (T, 1) anchor of each query
+    mask = torch.where(step == 0, kpos <= a, kpos == a + step)        # (T, (j+1) T)
+    # NOTE: the query's own key (step j at p) is always visible, so no row is fully masked;
+    # queries at p < j have no true context and are never scored.
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+    return attn.wo(y.transpose(1, 2).reshape(B, T, -1))               # (B, T, C)
+
+
+class EagleLayer(nn.Module):
+    """One decoder layer of the target's kind whose attention reads 2C: [norm(e); norm(h)].
+    As in EAGLE-3's code, q/k/v are widened to take 2C and the residual stream is the feature h
+    itself: simpler than a Linear(2C -> C) before a standard Block (one matrix and one norm
+    fewer), and feeding back its own output feature keeps it on the same residual stream."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        C = cfg.n_embd
+        self.e_norm, self.h_norm = RMSNorm(C, cfg.norm_eps), RMSNorm(C, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        for name in ("wq", "wk", "wv"):  # the custom first projection: 2C in instead of C
+            old = getattr(self.attn, name)
+            setattr(self.attn, name, nn.Linear(2 * C, old.out_features, bias=False))
+        self.mlp_norm = RMSNorm(C, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, e, h, cos, sin, cache=None, pos=None, ttt_kvs=None):
+        """e, h (B, T, C): token embeddings and features -> output features (B, T, C).
+        With ttt_kvs (a list) the training-time-test attention, else cached causal attention."""
+        x = torch.cat([self.e_norm(e), self.h_norm(h)], -1)           # (B, T, 2C)
+        if ttt_kvs is None:
+            h = h + self.attn(x, cos, sin, cache, 0, pos)
+        else:
+            h = h + ttt_attention(self.attn, x, cos, sin, ttt_kvs)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Eagle(nn.Module):
+    """The drafter's own weights only: the target (embedding, head) is passed in, never held."""
+
+    def __init__(self, cfg, hidden_layers=None, ttt_steps=7):
+        super().__init__()
+        self.cfg, self.ttt_steps = cfg, ttt_steps
+        self.hidden_layers = tuple(hidden_layers or default_layers(cfg.n_layer))
+        # NOTE: model.forward returns each tapped layer once, in depth order: insist on that
+        hl = self.hidden_layers
+        if list(hl) != sorted(set(hl)) or hl[0] < 0 or hl[-1] > cfg.n_layer:
+            raise ValueError(f"hidden_layers {self.hidden_layers}: need increasing indices in 0..{cfg.n_layer}")
+        self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)  # fuse 3C -> C
+        self.layer = EagleLayer(cfg)
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def config_dict(self):
+        return {"hidden_layers": list(self.hidden_layers), "ttt_steps": self.ttt_steps}
+
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def logits(self, target, h):
+        return target.head(self.norm(h))                              # (B, T, V)
+
+    def unroll(self, target, tokens, feats):
+        """Training-time test. tokens (B, T), feats (B, T, 3C) of the target on tokens ->
+        ttt_steps output features (B, T-2, C): entry [j][:, p] is step j of the chain anchored
+        at a = p - j, which predicts x_{p+2} (valid for p >= j)."""
+        B, T = tokens.shape
+        pos = torch.arange(T - 2, device=tokens.device).expand(B, T - 2)  # (B, T-2)
+        cos, sin = target.rope(pos)
+        e = target.embed(tokens[:, 1:-1])                             # (B, T-2, C): x_{p+1}, the data
+        h = self.fc(feats[:, :-2])                                    # (B, T-2, C): f_p
+        kvs, outs = [], []
+        for _ in range(self.ttt_steps):
+            out = self.layer(e, h, cos, sin, ttt_kvs=kvs)            # (B, T-2, C)
+            outs.append(out)
+            # the next step at p reads this step's output at p - 1 (position 0 has none: zeros)
+            h = F.pad(out[:, :-1], (0, 0, 1, 0))                     # (B, T-2, C)
+        return outs
+
+    def loss(self, target, tokens, feats):
+        """tokens (B, T), feats (B, T, 3C) -> weighted CE over the unroll, agreement per step."""
+        if tokens.shape[1] < self.ttt_steps + 2:
+            raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for {self.ttt_steps} unroll steps")
+        labels = tokens[:, 2:]                                        # (B, T-2): x_{p+2}
+        total, wsum, agree, count = 0.0, 0.0, [], []
+        for j, h in enumerate(self.unroll(target, tokens, feats)):
+            logits = self.logits(target, h[:, j:])                    # (B, T-2-j, V): valid p >= j
+            lab = labels[:, j:]
+            total = total + 0.8 ** j * F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten())
+            wsum += 0.8 ** j
+            agree.append((logits.argmax(-1) == lab).sum())
+            count.append(lab.numel())
+        return total / wsum, {"agree": torch.stack(agree).cpu(), "count": torch.tensor(count)}
+
+
+class EagleDrafter:
+    """The drafter interface of speculate.py (see the module docstring for the positions)."""
+    default_K = 7
+
+    def __init__(self, target, eagle, sample=True):
+        self.target, self.eagle, self.sample = target, eagle, sample
+        self.hidden_layers = eagle.hidden_layers
+
+    def params(self):
+        return self.eagle.n_params()
+
+    @torch.no_grad()
+    def prefill(self, tokens, n, feats):
+        B, T_max = tokens.shape
+        cfg, dt = self.target.cfg, self.target.head.weight.dtype
+        self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)  # fused f_p per position
+        self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)
+        self.cache = KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)
+
+    @torch.no_grad()
+    def update(self, tokens, n, feats, n_new):
+        # the verify pass fed positions n_old - 1 .. n_old - 1 + K; rejected ones get overwritten later
+        start = n - n_new - 1
+        pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
+        self.feat.scatter_(1, pos[..., None].expand(-1, -1, self.feat.shape[2]), self.eagle.fc(feats))
+
+    def _run(self, e, h):
+        """Append positions with inputs e, h (B, T, C) after each row's cache length."""
+        pos = self.cache.positions(e.shape[1])                      # (B, T)
+        cos, sin = self.target.rope(pos)
+        out = self.eagle.layer(e, h, cos, sin, self.cache, pos)       # (B, T, C)
+        self.cache.advance(e.shape[1])
+        return out
+
+    @torch.no_grad()
+    def catch_up(self, tokens, n):
+        """Feed positions up to P = n-2 with true features in one padded pass -> output feature
+        (B, C) and logits (B, V) at P, which draft d_1 = x_n. The cache ends at P + 1."""
+        P, cache, C = n - 2, self.cache, self.feat.shape[2]
+        cache.rollback(torch.minimum(cache.lengths, P))             # rerun at least P (rows with n_new = 0)
+        start = cache.lengths.clone()
+        m = int((P - start).max()) + 1
+        p_idx = torch.minimum(start[:, None] + torch.arange(m, device=n.device), P[:, None])  # (B, m), pad with P
+        h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p
+        e = self.target.embed(tokens.gather(1, p_idx + 1))            # (B, m, C): x_{p+1}, committed
+        out = self._run(e, h)                                         # padding writes junk past P ...
+        cache.rollback(P + 1)                                         # ... which this drops
+        h = out[torch.arange(len(n), device=n.device), P - start]     # (B, C)
+        return h, self.eagle.logits(self.target, h)
+
+    @torch.no_grad()
+    def step(self, h, d):
+        """One chain step: own feature h (B, C), previous draft d (B,) -> next h, logits (B, V)."""
+        h = self._run(self.target.embed(d)[:, None], h[:, None])[:, 0]  # (B, C)
+        return h, self.eagle.logits(self.target, h)
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        # NOTE: drafting writes up to K positions past n. Should a row sit too close to the end
+        # of the buffers (a finished row riding along), draft it from an earlier, still exact,
+        # point instead: its drafts are ignored. speculate.generate leaves enough headroom.
+        n = n.clamp(max=tokens.shape[1] - K - 1)
+        h, logits = self.catch_up(tokens, n)
+        drafts, qs = [], []
+        for i in range(K):
+            if temperature > 0 and self.sample:                      # draw from the real q
+                q = logits_to_probs(logits, temperature, top_k)      # (B, V)
+                d = torch.multinomial(q, 1, generator=generator)[:, 0]
+                qs.append(q)
+            else:
+                d = logits.argmax(-1)
+            drafts.append(d)
+            if i < K - 1:
+                h, logits = self.step(h, d)                          # feed back own feature + draft
+        self.cache.rollback(n - 1)                                   # keep only exact positions 0..n-2
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V) | None
+
+
+def load_drafter(target, out_dir, **kw):
+    """out_dir/eagle.pt (train_drafter.py --method eagle), checked against this target."""
+    path = os.path.join(out_dir, "eagle.pt")
+    ckpt = load_checkpoint(path, kind="eagle")
+    th = weights_hash(target.cfg, target.state_dict())
+    if ckpt.get("target_hash") != th:
+        raise ValueError(f"{path}: trained for target {ckpt.get('target_hash')}, not this one ({th}); "
+                         f"retrain it with train_drafter.py --method eagle")
+    eagle = Eagle(target.cfg, **ckpt["config"])
+    eagle.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})
+    eagle.to(target.head.weight).eval()                               # the target's device and dtype
+    print(f"eagle: {eagle.n_params() / 1e6:.2f}M params, target layers {eagle.hidden_layers}, "
+          f"{eagle.ttt_steps} TTT steps ({path})")
+    return EagleDrafter(target, eagle)
