@@ -1,0 +1,509 @@
+"""
+The benchmark: every method on the same target, prompts, token budget, temperature, seed and
+batch size, in one process (DESIGN.md sec. 8; DFlash, arXiv 2602.06036, reports the same
+columns). Methods: ar (plain decoding, the baseline), ngram (prompt lookup), draft (a small
+model of the target's family), mtp, eagle, dflash.
+
+    python bench.py                                   # CPU: committed weights/cpu, else train into out/cpu
+    python bench.py --device cuda                     # the gpu preset
+    python bench.py --methods ar,ngram,dflash --temperatures 0 --json out/bench.json --plot out/bench.svg
+    python bench.py --prompts my_prompts.jsonl --max-new-tokens 64
+    python bench.py --weights DIR                     # use the checkpoints in DIR, train nothing
+    python bench.py --batch-sizes 1,4,16              # plus a throughput sweep over batch sizes
+
+Weights: the committed reference checkpoints in weights/<preset>/ when they load (they carry
+the tokenizer's hash); otherwise, or with --retrain, whatever is missing is trained into
+out/<preset>/ first (printing the plan, its minutes and progress), which later runs reuse.
+Drafters trained for the committed target go to out/<preset>/weights/ so that they never mix
+with drafters of a target trained here (each drafter checkpoint records its target's hash).
+
+Output: a card (machine, device, dtype, sizes, prompts, budget, how much the target loops),
+one row per method and temperature (tau, tokens/s, speedup vs ar, predicted speedup,
+lossless check), a chart of per-position acceptance; --json / --plot write the same data.
+Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
+medians over --repeats (default 1, so a CPU run with reused weights fits in ~5 minutes).
+
+~510 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
+(~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
+machine and needs no plotting dependency.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from xml.sax.saxutils import escape
+
+import torch
+
+import data
+from model import PRESETS, load_checkpoint, load_target, weights_hash
+from speculate import METHODS, generate, load_drafter
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
+MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
+# Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;
+# trained this briefly the target loops, which the card then says: the committed weights
+# are the real benchmark). Distillation data is built once and shared by the three drafters.
+MINUTES = {"data": 0.5, "target": 6.0, "draft": 1.5, "distill": 1.5, "mtp": 1.5, "eagle": 1.5, "dflash": 2.0}
+DISTILL_ARGS = ["--n-seqs", "256", "--n-val-seqs", "32", "--gen-len", "128"]
+REPEAT_WARN = 0.15  # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
+
+
+def die(msg):
+    """Bad input ends in one line on stderr and exit code 2, never a traceback."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def write_atomic(path, text):
+    """Temp file then rename (like model.save_checkpoint): Ctrl-C never leaves half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# -----------------------------------------------------------------------------
+# weights: find them, or train what is missing
+
+def try_load_target(path, device, dtype):
+    """(model, None) or (None, reason): a missing file or another tokenizer is not fatal here."""
+    try:
+        return load_target(path, device=device, dtype=dtype), None
+    except (FileNotFoundError, ValueError) as e:
+        return None, str(e)
+
+
+def usable(method, folders, th):
+    """The first folder with a usable checkpoint for `method`, or None (missing, or stale: trained
+    for another target, th being this target's hash)."""
+    for d in folders:
+        path = os.path.join(d, CKPT[method])
+        if not os.path.exists(path):
+            continue
+        if method == "draft":  # a small target: only the tokenizer must match (its loader checks)
+            return d
+        try:
+            if load_checkpoint(path).get("target_hash") == th:
+                return d
+            print(f"{method}: {path} was trained for another target, not using it")
+        except ValueError as e:
+            print(f"{method}: {e}")
+    return None
+
+
+def find_or_train(args, methods, device, dtype):
+    """-> target, target_path, {method: folder of its checkpoint}, [(method, why) skipped].
+    Looks in --weights DIR only (training nothing), else in the committed weights/<preset>,
+    else in OUT/<preset>, and trains what is still missing."""
+    wanted = [m for m in methods if m in CKPT]
+    ref_dir, out_dir = os.path.join(ROOT, "weights", args.preset), os.path.join(args.out, args.preset)
+    target = None
+    if args.weights:
+        target_path, folders, train_dir = os.path.join(args.weights, "target.pt"), [args.weights], None
+        target, why = try_load_target(target_path, device, dtype)
+        if target is None:
+            die(why)
+    elif not args.retrain and os.path.exists(os.path.join(ref_dir, "target.pt")):
+        target_path = os.path.join(ref_dir, "target.pt")
+        target, why = try_load_target(target_path, device, dtype)
+        if target is None:
+            print(f"weights: not using the committed {ref_dir}: {why}; falling back to {out_dir}")
+        else:  # drafters missing from weights/ are trained for *this* target, apart from out_dir's
+            folders, train_dir = [ref_dir, os.path.join(out_dir, "weights")], os.path.join(out_dir, "weights")
+            print(f"weights: the committed reference target {target_path}")
+    if target is None:
+        target_path, folders, train_dir = os.path.join(out_dir, "target.pt"), [out_dir], out_dir
+        target, why = try_load_target(target_path, device, dtype)
+        print(f"weights: reusing {target_path}" if target else f"weights: no usable target ({why})")
+    th = weights_hash(target.cfg, target.state_dict()) if target else None
+    draft_folders = folders if args.weights else folders + [out_dir]  # the small model fits any target
+    found = {m: usable(m, draft_folders if m == "draft" else folders, th) for m in wanted}
+    if "mtp" in found and target is not None and target.ckpt.get("mtp_state_dict"):
+        found["mtp"] = folders[0]  # native MTP heads live in the target checkpoint
+    if train_dir is None:
+        return target, target_path, {m: d for m, d in found.items() if d}, \
+            [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
+    todo = ["target"] * (target is None) + [m for m in wanted if not found[m]]
+    if todo and not os.path.exists(os.path.join("out", "data", "meta.json")):
+        todo.insert(0, "data")
+    first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
+    cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
+    if todo:
+        print(f"train: {', '.join(f'{m} (~{cost(m):g} min)' for m in todo)} into {train_dir}, "
+              f"~{sum(map(cost, todo)):g} min in all, then the benchmark"
+              + (f" ({first}'s minutes include the distillation data all drafters share)" if first else ""))
+    skipped, t_start = [], time.time()
+    for i, what in enumerate(todo, 1):
+        print(f"\n=== [{i}/{len(todo)}] {what} (~{cost(what):g} min; ~{sum(map(cost, todo[i - 1:])):g} min left "
+              f"in the plan) ===", flush=True)
+        dev = ["--device", device.type]
+        if what == "data":
+            data.prepare()  # NOTE: train.py reads the bins from ./out/data whatever --out says
+        elif what == "target":
+            import train
+            train.main(train.get_parser().parse_args(["--preset", args.preset, "--out-path", target_path, "--minutes",
+                                                      str(MINUTES["target"]), "--quality-prompts", "8", *dev]))
+            target = load_target(target_path, device=device, dtype=dtype)
+        elif what == "draft":
+            import train
+            preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
+            train.main(train.get_parser().parse_args(["--preset", preset, "--out-path", os.path.join(train_dir, "draft.pt"),
+                                                      "--minutes", str(MINUTES["draft"]), "--quality-prompts", "0",
+                                                      *dev]))
+            found["draft"] = train_dir
+        else:
+            try:
+                import train_drafter
+                train_drafter.main(train_drafter.get_parser().parse_args(
+                    ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
+                     str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]))
+                found[what] = train_dir
+            except Exception as e:  # a drafter module still being written must not stop the others
+                skipped.append((what, f"training failed ({type(e).__name__}: {e})"))
+        print(f"=== {what} done; {(time.time() - t_start) / 60:.1f} min since the plan started", flush=True)
+    return target, target_path, {m: d for m, d in found.items() if d}, skipped
+
+
+def get_drafter(method, target, folder, args, device, dtype):
+    kw = {"block_size": args.block_size} if method == "dflash" else {}
+    drafter = load_drafter(method, target, folder, **kw)
+    if method == "draft":  # NOTE: speculate.load_drafter loads the small model on the CPU in fp32
+        drafter.model.to(device=device, dtype=dtype)
+    return drafter
+
+
+# -----------------------------------------------------------------------------
+# measurement
+
+def run(target, drafter, prompts, K, temperature, args, batch_size):
+    """Decode all prompts in chunks of batch_size, timed as a whole. Seeds depend on the chunk
+    only, so every method sees the same ones. Returns outputs, summed stats and wall time."""
+    device = target.head.weight.device
+    outs = []
+    st = dict(verify_passes=0, row_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        o, s = generate(target, prompts[i:i + batch_size], drafter, max_new_tokens=args.max_new_tokens,
+                        temperature=temperature, top_k=args.top_k, seed=args.seed + i, K=max(K, 1))
+        outs += o
+        for k in ("verify_passes", "draft_s", "verify_s", "new_tokens"):
+            st[k] += s[k]
+        st["row_passes"] += sum(s["row_passes"])
+        for j, (a, n) in enumerate(zip(s["accepted_per_position"], s["attempts_per_position"])):
+            st["acc"][j] += a
+            st["att"][j] += n
+    sync(device)
+    st["wall_s"] = time.perf_counter() - t0
+    st["tau"] = st["new_tokens"] / st["row_passes"]
+    # alpha_i: share of passes in which the first i drafts were all accepted (cumulative)
+    st["alpha"] = [a / n for a, n in zip(st["acc"], st["att"]) if n > 0]
+    return outs, st
+
+
+def measure(target, drafter, prompts, K, temperature, args, batch_size):
+    """The run with the median wall time of --repeats runs."""
+    runs = sorted((run(target, drafter, prompts, K, temperature, args, batch_size) for _ in range(args.repeats)),
+                  key=lambda r: r[1]["wall_s"])
+    return runs[len(runs) // 2]
+
+
+def predicted_speedup(st, ar):
+    """DESIGN sec. 5's formula with measured instead of modelled costs. A pass commits
+    E = 1 + sum_i alpha_i tokens per row on average (the bonus plus each accepted draft) and
+    costs t_draft + t_verify (this method's measured draft and verify seconds per pass), while
+    plain decoding commits 1 token per pass at t_ar (ar's wall seconds per pass). So
+        predicted = E * t_ar / (t_draft + t_verify).
+    It leaves out the loop's bookkeeping, which is why it can exceed the measured speedup."""
+    E = 1 + sum(st["alpha"])
+    t_ar = ar["wall_s"] / ar["verify_passes"]
+    return E * t_ar / ((st["draft_s"] + st["verify_s"]) / st["verify_passes"])
+
+
+def params(drafter):
+    return drafter.params() if hasattr(drafter, "params") else 0  # ar and ngram have none
+
+
+def repeat8(outs):
+    return statistics.mean(data.repeated_ngram_fraction(o, 8) for o in outs)
+
+
+# -----------------------------------------------------------------------------
+# report
+
+def cuda_ext_active(device):
+    """Whether the hand-written CUDA extension serves this run (cuda/ may not exist yet)."""
+    try:
+        import cuda
+        if hasattr(cuda, "ext_active"):
+            return bool(cuda.ext_active())
+        return device.type == "cuda" and cuda.active_path(device)[0] == "extension"
+    except Exception:
+        return False
+
+
+def bars(alpha):
+    """One column per draft position, eighth blocks: ' ' = 0 ... '█' = 1."""
+    return "".join(" ▁▂▃▄▅▆▇█"[round(a * 8)] * 2 for a in alpha)
+
+
+def svg(results, path):
+    """Per-position acceptance (left) and tau vs measured speedup (right), as hand-written SVG."""
+    colors = dict(ar="#777", ngram="#d62728", draft="#9467bd", mtp="#2ca02c", eagle="#ff7f0e", dflash="#1f77b4")
+    W, H, P = 440, 320, 50  # panel size, padding
+    kmax = max([len(r["acceptance_per_position"]) for r in results] + [2])
+    tmax = math.ceil(max(r["tau"] for r in results) * 1.15)
+    smax = math.ceil(max(max(r["speedup"] for r in results) * 1.15, 1.5) * 2) / 2
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" font-family="sans-serif" '
+           'font-size="11">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    sx = lambda x0, v, vmax: x0 + P + v / vmax * (W - P - 20)    # data -> pixels
+    sy = lambda v, vmax: H - P + 10 - v / vmax * (H - P - 40)
+
+    def axes(x0, title, xlabel, ylabel, xmax, ymax, xticks, yticks):
+        out.append(f'<text x="{x0 + W / 2}" y="18" text-anchor="middle" font-size="13">{escape(title)}</text>')
+        out.append(f'<path d="M{x0 + P},{sy(ymax, ymax):.1f} V{sy(0, ymax):.1f} H{x0 + W - 20}" stroke="black" '
+                   'fill="none"/>')
+        for v in xticks:
+            out.append(f'<text x="{sx(x0, v, xmax):.1f}" y="{sy(0, ymax) + 14:.1f}" text-anchor="middle">{v:g}</text>')
+        for v in yticks:
+            out.append(f'<text x="{x0 + P - 5}" y="{sy(v, ymax) + 4:.1f}" text-anchor="end">{v:g}</text>')
+        out.append(f'<text x="{x0 + W / 2}" y="{H - 6}" text-anchor="middle">{escape(xlabel)}</text>')
+        out.append(f'<text x="{x0 + 12}" y="{H / 2}" transform="rotate(-90 {x0 + 12} {H / 2})" '
+                   f'text-anchor="middle">{escape(ylabel)}</text>')
+
+    axes(0, "acceptance per draft position", "draft position i", "alpha_i (first i drafts accepted)", kmax, 1,
+         range(1, kmax + 1, max(1, kmax // 8)), [0, 0.25, 0.5, 0.75, 1])
+    axes(W, "tau vs measured speedup", "tau (tokens per verify pass)", "speedup vs ar", tmax, smax,
+         range(0, tmax + 1, max(1, tmax // 8)), [v / 2 for v in range(int(2 * smax) + 1)])
+    out.append(f'<path d="M{W + P},{sy(1, smax):.1f} H{2 * W - 20}" stroke="#aaa" stroke-dasharray="4"/>')  # 1x
+    for i, r in enumerate(results):
+        c, label = colors.get(r["method"], "black"), f'{r["method"]} T={r["temperature"]:g}'
+        dash = ' stroke-dasharray="5 3"' if r["temperature"] > 0 else ""  # dashed: sampling
+        pts = " ".join(f"{sx(0, k + 1, kmax):.1f},{sy(a, 1):.1f}" for k, a in enumerate(r["acceptance_per_position"]))
+        if pts:
+            y = 34 + 13 * sum(bool(q["acceptance_per_position"]) for q in results[:i])
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="1.5"{dash}/>')
+            out.append(f'<path d="M{W - 130},{y - 4} h20" stroke="{c}" stroke-width="1.5"{dash}/>'
+                       f'<text x="{W - 105}" y="{y}" fill="{c}">{escape(label)}</text>')
+        x, y = sx(W, r["tau"], tmax), sy(r["speedup"], smax)
+        right = x > 2 * W - 90  # a label near the right edge goes to the left of its point
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{c}"/><text x="{x - 6 if right else x + 6:.1f}" '
+                   f'y="{y - 5:.1f}" text-anchor="{"end" if right else "start"}" fill="{c}">{escape(label)}</text>')
+    write_atomic(path, "\n".join(out + ["</svg>\n"]))
+
+
+def print_card(args, device, dtype, target, target_path, drafters, source, n_prompts, repeats):
+    print("\n" + "=" * 100)
+    u = platform.uname()
+    print(f"machine   {platform.processor() or u.machine} | {u.system} {u.release} | {os.cpu_count()} cores, "
+          f"{torch.get_num_threads()} torch threads")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device    {device} ({name}) | dtype {str(dtype).replace('torch.', '')} | torch {torch.__version__} | "
+          f"CUDA extension active: {cuda_ext_active(device)}")
+    print(f"target    preset {args.preset} | {target.n_params() / 1e6:.2f}M params | {target_path}")
+    print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items() if d) or "none"))
+    print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
+          f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size} | seed {args.seed}")
+    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp its depth, dflash block {args.block_size} "
+          f"(K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
+    for T, r in repeats.items():
+        print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
+        if r > REPEAT_WARN:
+            print(f"WARNING   the target loops at T={T:g} ({r:.0%} > {REPEAT_WARN:.0%}): tau will flatter every "
+                  f"drafter there; trust the T=1 rows")
+
+
+def print_table(results, sweep, sizes, T0, n_prompts):
+    """The table, the acceptance chart and the batch sweep (after the card)."""
+    print(f"\n{'method':8s}{'T':>5s}{'K':>4s}{'tau':>7s}{'tok/s':>9s}{'speedup':>9s}{'predicted':>11s}  "
+          f"{'lossless':18s}{'params':>9s}")
+    for r in results:
+        ok = ("n/a" if r["lossless"] is None else "yes" if r["lossless"]
+              else f"NO ({r['mismatches']}/{n_prompts} differ)")
+        print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tokens_per_s']:9.1f}"
+              f"{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}{r['drafter_params'] / 1e6:8.2f}M")
+    print("\nacceptance per draft position (alpha_i: share of passes whose first i drafts were all accepted; "
+          "one column per position, full block = 1)")
+    for r in results:
+        a = r["acceptance_per_position"]
+        if a:
+            print(f"  {r['method']:7s} T={r['temperature']:<4g} |{bars(a)}| alpha_1 {a[0]:.2f} ... alpha_{len(a)} "
+                  f"{a[-1]:.2f}, E = 1 + sum = {1 + sum(a):.2f}")
+    if sweep:
+        print(f"\nbatch sweep at T={T0:g} (tokens/s, speedup vs ar at the same batch size)")
+        for bs in sizes:
+            print(f"  batch {bs:3d}: " + " | ".join(f"{s['method']} {s['tokens_per_s']:.0f} tok/s {s['speedup']:.2f}x"
+                                                 for s in sweep if s["batch_size"] == bs))
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description="Benchmark every speculative-decoding method on one target.")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--methods", default=None, help=f"comma list of {','.join(METHODS)} (default: all that load or "
+                   "train; ar always runs as the baseline)")
+    g.add_argument("--temperatures", default="0,1", help="comma list; each method runs at each (default %(default)s)")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (default %(default)s)")
+    g.add_argument("--batch-sizes", default=None, help="extra sweep of throughput over these batch sizes, e.g. 1,4,16 "
+                   "(first temperature only)")
+    g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
+                   "DFlash-16 budget); mtp drafts its depth (default %(default)s)")
+    g.add_argument("--block-size", type=int, default=16, help="dflash block size B (drafts B-1); at "
+                   "most what it was trained for (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default %(default)s)")
+    g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median is reported (default %(default)s)")
+    g = p.add_argument_group("prompts")
+    g.add_argument("--prompts", default=None, help="file of prompts: JSON lines with a \"prompt\" string, or plain "
+                   "text blocks separated by blank lines (default: held-out corpus prompts)")
+    g.add_argument("--n-prompts", type=int, default=12, help="held-out prompts (ignored with --prompts); 12 keeps six "
+                   "methods x two temperatures within ~5 min on 2 cores (default %(default)s)")
+    g = p.add_argument_group("model and weights")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16 on cuda only; "
+                   "greedy losslessness is exact only in float32")
+    g.add_argument("--weights", default=None, help="use the checkpoints in this folder (target.pt, draft.pt, mtp.pt, "
+                   "eagle.pt, dflash.pt) and train nothing")
+    g.add_argument("--retrain", action="store_true", help="ignore the committed weights/<preset>; use OUT/<preset> "
+                   "and train what is missing there (delete it to start over)")
+    g.add_argument("--out", default="out", help="folder for trained checkpoints (default %(default)s)")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", default=None, help="write the results as JSON here")
+    g.add_argument("--plot", default=None, help="write an SVG chart here")
+    return p
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+        sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
+    except ValueError as e:
+        die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
+    if min(temps) < 0 or min([args.batch_size, args.repeats, args.K, args.block_size - 1, args.max_new_tokens, *sizes]) < 1:
+        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1 and max new tokens >= 1")
+    if args.weights and args.retrain:
+        die("--weights DIR trains nothing; --retrain trains into --out: choose one")
+    named = args.methods is not None
+    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "
+          f"{args.preset or ('gpu' if device.type == 'cuda' else 'cpu') + ' (follows the device)'}, dtype {args.dtype}")
+    args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
+    dtype = getattr(torch, args.dtype)
+    if dtype != torch.float32 and device.type != "cuda":
+        die("--dtype bfloat16 needs --device cuda")
+
+    enc = data.get_encoding()
+    if args.prompts:
+        try:
+            texts, source = data.read_prompts_file(args.prompts), args.prompts
+        except ValueError as e:
+            die(str(e))
+    else:
+        texts, source = data.heldout_prompts(args.n_prompts), "held-out corpus files (data.heldout_prompts)"
+
+    def skip(m, why):  # methods named in --methods must run; the others may be left out
+        if named:
+            die(f"{m} was asked for in --methods, but {why}")
+        print(f"skipping {m}: {why}")
+
+    for m in [m for m in methods if m in MODULE and importlib.util.find_spec(MODULE[m]) is None]:
+        skip(m, f"{MODULE[m]}.py is missing, so it can be neither loaded nor trained")
+        methods.remove(m)
+    target, target_path, found, skipped = find_or_train(args, methods, device, dtype)
+    drafters = {}
+    for m in methods:
+        if m in CKPT and m not in found:
+            continue  # reason already in skipped
+        try:
+            drafters[m] = get_drafter(m, target, found.get(m), args, device, dtype)
+        except ValueError as e:  # e.g. a block size above what dflash was trained for
+            die(f"{m}: {e}" + (" (see --block-size)" if m == "dflash" else ""))
+        except (ImportError, FileNotFoundError, AttributeError) as e:
+            skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
+    for m, why in skipped:
+        skip(m, why)
+    Ks = {m: 0 if d is None else (args.K if m in ("ngram", "draft", "eagle") else getattr(d, "default_K", args.K))
+          for m, d in drafters.items()}
+
+    prompts = [enc.encode_ordinary(t) for t in texts]
+    for i, (t, ids) in enumerate(zip(texts, prompts), 1):
+        if len(ids) + args.max_new_tokens + max(Ks.values()) + 1 > target.cfg.max_seq_len:
+            die(f"prompt {i} of {source} ({t[:40]!r}...) has {len(ids)} tokens; with {args.max_new_tokens} new "
+                f"tokens and {max(Ks.values()) + 1} verify positions it exceeds the target's context of "
+                f"{target.cfg.max_seq_len}")
+
+    results, outputs, stats = [], {}, {}
+    try:
+        for m, d in drafters.items():
+            for T in temps:  # warm-up, untimed: first-call allocations, lazy CUDA init
+                generate(target, prompts[:args.batch_size], d, max_new_tokens=4, temperature=T, top_k=args.top_k,
+                         seed=0, K=max(Ks[m], 1))
+            for T in temps:
+                outputs[m, T], stats[m, T] = measure(target, d, prompts, Ks[m], T, args, args.batch_size)
+                print(f"{m:7s} T={T:g}: {stats[m, T]['wall_s']:.2f} s, tau {stats[m, T]['tau']:.2f}", flush=True)
+        sweep = []
+        for bs in sizes:
+            base = None
+            for m, d in drafters.items():
+                o, st = measure(target, d, prompts, Ks[m], temps[0], args, bs)
+                base = base or st
+                sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], wall_s=st["wall_s"],
+                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=base["wall_s"] / st["wall_s"]))
+                print(f"sweep batch {bs:3d} {m:7s}: {st['wall_s']:.2f} s", flush=True)
+    except ValueError as e:  # generate's own checks (e.g. context length)
+        die(str(e))
+
+    for m, d in drafters.items():
+        for T in temps:
+            st, ar = stats[m, T], stats["ar", T]
+            mism = sum(o != r for o, r in zip(outputs[m, T], outputs["ar", T])) if T == 0 else 0
+            results.append(dict(method=m, temperature=T, tau=st["tau"], tokens_per_s=st["new_tokens"] / st["wall_s"],
+                                speedup=ar["wall_s"] / st["wall_s"], predicted_speedup=predicted_speedup(st, ar),
+                                acceptance_per_position=st["alpha"], lossless=(mism == 0) if T == 0 else None,
+                                mismatches=mism, new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
+                                wall_s=st["wall_s"], drafter_params=params(d),
+                                repeat8=repeat8(outputs[m, T]), K=Ks[m]))
+
+    print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),
+               {T: repeat8(outputs["ar", T]) for T in temps})
+    print_table(results, sweep, sizes, temps[0], len(prompts))
+    if args.json:
+        report = dict(config=vars(args), machine=dict(device=str(device), torch=torch.__version__,
+                                                      cuda_ext=cuda_ext_active(device)), results=results)
+        if sizes:
+            report["batch_sweep"] = sweep
+        write_atomic(args.json, json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot:
+        svg(results, args.plot)
+        print(f"wrote {args.plot}")
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:  # checkpoints, JSON and SVG are all written temp-then-rename
+        print("\ninterrupted: nothing half-written was left in out/", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,106 @@
+"""
+bench.py end to end on tiny random checkpoints (seconds on 2 cores): the JSON schema, ar's
+tau, the greedy lossless check, a well-formed SVG; and the one-line errors for bad input.
+
+    python -m pytest -q tests/test_bench.py
+"""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+import bench
+import data
+from model import Config, PRESETS, Transformer, save_checkpoint
+
+RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tokens_per_s": float, "speedup": float,
+               "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
+               "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "drafter_params": int}
+EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
+
+
+def save_tiny(path, seed, **overrides):
+    """A random model of the tiny preset in train.py's checkpoint format."""
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=data.get_encoding().n_vocab, **{**PRESETS["tiny"], **overrides})
+    model = Transformer(cfg)
+    save_checkpoint(str(path), dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
+                                    mtp_state_dict=None, tokenizer=data.tokenizer_hash(), args={}))
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    d = tmp_path_factory.mktemp("weights")
+    save_tiny(d / "target.pt", seed=0)
+    save_tiny(d / "draft.pt", seed=1, n_layer=1)
+    return d
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    p.write_text('{"prompt": "def parse(line):\\n    "}\n{"prompt": "class Cache:\\n    def __init__(self"}\n')
+    return p
+
+
+def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
+    js, svg = tmp_path / "bench.json", tmp_path / "bench.svg"
+    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,ngram,draft", "--temperatures", "0,1",
+                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "1,2",
+                "--json", str(js), "--plot", str(svg)])
+    out = capsys.readouterr().out
+    assert "machine" in out and "acceptance per draft position" in out
+    report = json.loads(js.read_text())
+    assert set(report) == {"config", "machine", "results", "batch_sweep"}
+    assert report["config"]["methods"] == "ar,ngram,draft" and report["config"]["max_new_tokens"] == 12
+    assert set(report["machine"]) == {"device", "torch", "cuda_ext"}
+    assert isinstance(report["machine"]["device"], str) and isinstance(report["machine"]["cuda_ext"], bool)
+    rows = report["results"]
+    assert [(r["method"], r["temperature"]) for r in rows] == [(m, t) for m in ("ar", "ngram", "draft") for t in (0.0, 1.0)]
+    for r in rows:
+        assert set(RESULT_KEYS) <= set(r) <= set(RESULT_KEYS) | EXTRA_KEYS
+        for k, typ in RESULT_KEYS.items():
+            assert isinstance(r[k], typ), (k, r[k])
+        assert all(isinstance(a, float) and 0 <= a <= 1 for a in r["acceptance_per_position"])
+        assert r["new_tokens"] == 2 * 12
+        if r["temperature"] == 0:
+            assert r["lossless"] is True and r["mismatches"] == 0  # speculative == plain greedy, fp32
+        else:
+            assert r["lossless"] is None
+        if r["method"] == "ar":
+            assert r["tau"] == 1.0 and r["speedup"] == 1.0 and r["acceptance_per_position"] == []
+        else:
+            assert len(r["acceptance_per_position"]) == 3
+    assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
+    root = ET.parse(svg).getroot()  # well-formed XML
+    assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
+
+
+def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "def f():"}\n{"prompt": 3}\n')
+    for path, expect in [(bad, f"{bad}:2:"), (tmp_path / "missing.jsonl", "cannot read"), (tmp_path / "empty.txt", "empty")]:
+        if path.name == "empty.txt":
+            path.write_text("\n\n")
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--weights", str(weights), "--preset", "tiny", "--prompts", str(path)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert expect in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--methods", "ar,medusa"])
+    assert e.value.code == 2 and "unknown method 'medusa'" in capsys.readouterr().err
+    # a method asked for by name whose checkpoint is missing is an error, not a silent skip
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,eagle", "--prompts", str(prompts_file)])
+    assert e.value.code == 2 and "eagle" in capsys.readouterr().err
+    long = tmp_path / "long.txt"
+    long.write_text("def f():\n    pass\n\n" + "x = 1\n" * 300)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--prompts", str(long)])
+    assert e.value.code == 2 and "prompt 2" in capsys.readouterr().err
