@@ -140,7 +140,10 @@ class MTPDrafter:
             cos, sin = target.rope(pos)
             out = mod(h, e, cos, sin, cache, pos)      # (B, m, C)
             cache.advance(m)
-            self.H[k].scatter_(1, p_idx[..., None].expand_as(out), out)
+            # write each output at its own position: the padded tail (junk) lands past P, where
+            # nothing exact lives. NOTE: scattering at p_idx would put every pad on P too, and
+            # scatter_ with repeated indices keeps an arbitrary one (on CPU: the last, a pad)
+            self.H[k].scatter_(1, pos[..., None].expand_as(out), out)
             # entries are exact up to position N-1-k; the rest was tentative
             cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))
             logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k

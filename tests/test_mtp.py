@@ -1,0 +1,229 @@
+"""
+MTP modules and their drafter (mtp.py, DESIGN.md sec. 6; DeepSeek-V3, arXiv 2412.19437 sec. 2.2).
+
+- greedy speculative decoding with mtp equals plain greedy decoding (ragged batches, K capped
+  by the depth, with and without the confidence margin)
+- the drafter's incremental, lagged per-module caches give exactly what the modules compute
+  non-incrementally over the whole committed sequence (+ the drafts so far)
+- sampling with mtp's real q is lossless (the statistical test of test_speculate.py)
+- MTP.losses trains; train.py --mtp-depth runs end to end; foreign post-hoc weights are refused
+
+    python -m pytest -q tests/test_mtp.py
+"""
+
+import math
+import os
+from functools import lru_cache
+
+import pytest
+import torch
+
+import speculate
+from model import generate as naive_generate, save_checkpoint
+from mtp import MTP, MTPDrafter
+import mtp as mtp_lib
+from test_model import tiny_model
+from test_speculate import SAMPLE_PROMPT, sampled_tv, sampling_target
+
+V = 97
+DEPTH = 3
+
+
+@lru_cache(maxsize=None)
+def random_target():
+    return tiny_model(0)
+
+
+@lru_cache(maxsize=None)
+def loopy_target():
+    """Nearly a bigram model (attention damped, not off): greedy text soon repeats a token
+    or a short cycle, so a drafter that echoes the target's prediction gets long acceptance."""
+    m = tiny_model(0)
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.wo.weight.mul_(0.02)
+    return m
+
+
+def random_mtp(target, depth=DEPTH, seed=0):
+    torch.manual_seed(seed)
+    return MTP(target.cfg, depth).eval()
+
+
+def echo_mtp(target, depth=DEPTH, seed=0):
+    """Random modules nudged to pass the previous hidden state through: proj = [I + noise, noise]
+    and out_norm = the target's final norm, so module k roughly repeats the target's own next-
+    token prediction. The blocks and the token embeddings still perturb the output, so the
+    caches matter; on a target that loops this gives long, ragged acceptance."""
+    m = random_mtp(target, depth, seed)
+    C = target.cfg.n_embd
+    with torch.no_grad():
+        for mod in m.mods:
+            mod.proj.weight[:, :C] += torch.eye(C)
+            mod.out_norm.weight.copy_(target.norm.weight)
+    return m
+
+
+def ragged_prompts(B, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, V, (L,), generator=g).tolist() for L in (17, 6, 2)[:B]]
+
+
+# -----------------------------------------------------------------------------
+# greedy: speculative with mtp == plain
+
+MAX_NEW = 16
+
+
+@pytest.mark.parametrize("K, margin", [(1, 0.0), (4, 0.0), (4, 1.0), (15, 0.0), (15, 1.0)])  # K=1: no gate
+@pytest.mark.parametrize("kind", ["random", "echo"])
+def test_greedy_equals_plain(kind, K, margin):
+    target = random_target() if kind == "random" else loopy_target()
+    heads = random_mtp(target) if kind == "random" else echo_mtp(target)
+    for B in (1, 3):
+        prompts = ragged_prompts(B)
+        drafter = MTPDrafter(target, heads, n_draft=K, margin=margin)
+        outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=MAX_NEW, K=K)
+        assert outs == [naive_generate(target, p, MAX_NEW) for p in prompts]
+        assert len(st["acceptance_per_position"]) == K
+        assert all(a == 0 for a in st["attempts_per_position"][DEPTH:])  # K is capped by the depth
+        if kind == "echo" and margin == 0 and K > 1 and B == 3:
+            assert MAX_NEW / min(st["row_passes"]) > 2.0, st["row_passes"]  # long acceptance is exercised
+        if kind == "echo" and margin > 0 and K > 1 and B == 3:
+            # the gate drafted fewer tokens at some steps
+            assert st["attempts_per_position"][min(K, DEPTH) - 1] < st["attempts_per_position"][0]
+
+
+# -----------------------------------------------------------------------------
+# the lagged per-module caches are exact
+
+@torch.no_grad()
+def mtp_reference(target, heads, committed, drafts):
+    """Each module run non-incrementally (no cache) over a row's whole committed sequence
+    x_0..x_{N-1}, on the target's true last-layer hidden states h^0 of x_0..x_{N-2}. Module k
+    at position t sees x_{t+k}, where tokens past x_{N-1} are the drafts d_1, d_2, ...
+    Returns per module: hidden (N-1, C) and the logits (V,) at the last position N-2."""
+    N = len(committed)
+    ext = torch.tensor(committed + drafts)
+    _, hid = target(ext[None, :N - 1], hidden_layers=(target.cfg.n_layer,))
+    h = hid[0]                                                          # (1, N-1, C)
+    cos, sin = target.rope(torch.arange(N - 1)[None])
+    out = []
+    for k, mod in enumerate(heads.mods[:len(drafts)], 1):
+        h = mod(h, target.embed(ext[None, k:k + N - 1]), cos, sin)      # (1, N-1, C)
+        out.append((h[0], target.head(mod.out_norm(h[0, -1]))))
+    return out
+
+
+class CheckedMTPDrafter(MTPDrafter):
+    """Checks every proposal of every row against mtp_reference."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.checks, self.max_catch_up = 0, 0
+
+    def propose(self, tokens, n, K, **kw):
+        lengths = [c.lengths.clone() for c in self.caches]
+        drafts, q = super().propose(tokens, n, K, **kw)
+        for k, L in enumerate(lengths):  # how many positions module k had to catch up on
+            self.max_catch_up = max(self.max_catch_up, int((n - 2 - L).max()) + 1)
+        for b in range(tokens.shape[0]):
+            N = int(n[b])
+            ref = mtp_reference(self.target, self.mtp, tokens[b, :N].tolist(), drafts[b].tolist())
+            for k, (hidden, logits) in enumerate(ref, 1):
+                # d_k is the argmax of module k run from scratch, d_1.. d_{k-1} as its inputs
+                assert int(drafts[b, k - 1]) == int(logits.argmax()), (b, k)
+                # and every cached hidden state up to the last fed position is the exact one
+                assert torch.allclose(self.H[k, b, :N - 1], hidden, atol=1e-4), (b, k)
+            self.checks += 1
+        return drafts, q
+
+
+@pytest.mark.parametrize("kind", ["random", "echo"])
+def test_module_caches_match_non_incremental(kind):
+    target = random_target() if kind == "random" else loopy_target()
+    heads = random_mtp(target, seed=1) if kind == "random" else echo_mtp(target, seed=1)
+    drafter = CheckedMTPDrafter(target, heads, n_draft=DEPTH)
+    prompts = ragged_prompts(3, seed=2)
+    outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=20, K=DEPTH)
+    assert outs == [naive_generate(target, p, 20) for p in prompts]
+    assert drafter.checks >= 3 * 5
+    if kind == "echo":  # rows accepted different numbers of drafts, so the caches caught up by several
+        assert len(set(st["row_passes"])) > 1 and drafter.max_catch_up > DEPTH
+
+
+# -----------------------------------------------------------------------------
+# sampling with mtp's real q is lossless
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_sampling_is_lossless(K):
+    target = sampling_target()
+    drafter = MTPDrafter(target, echo_mtp(target, depth=2), sample=True)
+    tv, bound, st = sampled_tv(target, SAMPLE_PROMPT, drafter, K=K)
+    assert tv < bound, f"TV {tv:.3f} >= bound {bound:.3f}"
+    assert 0.1 < st["acceptance_per_position"][0] < 0.95, st["acceptance_per_position"]
+
+
+# -----------------------------------------------------------------------------
+# training and loading
+
+def test_losses_decrease_and_gradients_flow():
+    """40 AdamW steps on one fixed batch, target frozen (as post-hoc training does)."""
+    target = tiny_model(0)  # a private copy: its parameters get frozen here
+    target.requires_grad_(False)
+    heads = random_mtp(target, depth=2).train()
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, V, (2, 25), generator=g)               # (B, T+1)
+    with torch.no_grad():
+        _, hid = target(tokens[:, :-1], hidden_layers=(target.cfg.n_layer,))
+    opt = torch.optim.AdamW(heads.parameters(), lr=1e-2)
+    for step in range(40):
+        losses = heads.losses(target, tokens, hid[0])[0]
+        opt.zero_grad()
+        sum(losses).backward()
+        if step == 0:
+            first = [l.item() for l in losses]
+            for name, p in heads.named_parameters():  # every module parameter gets a gradient
+                assert p.grad is not None and p.grad.abs().sum() > 0, name
+        opt.step()
+    last = [l.item() for l in heads.losses(target, tokens, hid[0])[0]]
+    assert all(math.isfinite(x) for x in first + last)
+    assert all(b < 0.5 * a for a, b in zip(first, last)), (first, last)  # ln 97 = 4.6 -> memorised
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "out", "data", "train.bin")),
+                    reason="needs the token bins of data.py (out/data/*.bin); CI has none")
+def test_train_py_with_native_mtp_runs(tmp_path, monkeypatch):
+    """train.py --preset tiny --mtp-depth 2 for 3 small steps, then its native heads draft."""
+    import train
+    monkeypatch.chdir(ROOT)  # train.py reads out/data/ relative to the repo
+    path = str(tmp_path / "target.pt")
+    args = train.get_parser().parse_args(
+        ["--preset", "tiny", "--mtp-depth", "2", "--max-steps", "3", "--minutes", "5", "--batch-size", "2",
+         "--seq-len", "32", "--eval-batches", "1", "--quality-prompts", "0", "--device", "cpu",
+         "--out-path", path, "--save-every", "0"])
+    train.main(args)
+    from model import load_target
+    target = load_target(path)
+    drafter = mtp_lib.load_drafter(target, str(tmp_path))
+    assert drafter.mtp.depth == 2
+    prompt = [[1, 2, 3, 4], [5, 6]]
+    outs, _ = speculate.generate(target, prompt, drafter, max_new_tokens=8, K=2)
+    assert outs == [naive_generate(target, p, 8) for p in prompt]
+
+
+def test_posthoc_weights_for_another_target_are_refused(tmp_path):
+    target = random_target()
+    heads = MTP(target.cfg, 2)
+    save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
+                                                   target_hash="deadbeefdeadbeef"))
+    with pytest.raises(ValueError, match=r"mtp\.pt.*deadbeefdeadbeef"):
+        mtp_lib.load_drafter(target, str(tmp_path))
+    # the same file with the right hash loads
+    from model import weights_hash
+    save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
+                                                   target_hash=weights_hash(target.cfg, target.state_dict())))
+    assert mtp_lib.load_drafter(target, str(tmp_path)).mtp.depth == 2

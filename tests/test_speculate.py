@@ -1,0 +1,442 @@
+"""
+The verification loop of speculate.py (DESIGN.md sec. 5): speculative decoding must be lossless.
+
+- greedy: output equals plain greedy decoding token for token (fp32), for every drafter here,
+  K in {1, 4, 15}, batches of 1, 3 and 8 ragged rows, on text where acceptance is long
+  (a target that loops, so prompt lookup accepts a lot) and short (random prompts)
+- sampling: the joint distribution of the first 3 new tokens equals the target's exact one
+  (enumerated), within a total-variation bound; a deliberately broken acceptance rule fails it
+- accept_scan_ref on hand-built cases, rollback invariants, stop token, bad input
+
+    python -m pytest -q tests/test_speculate.py
+"""
+
+import copy
+import math
+from collections import Counter
+from functools import lru_cache
+
+import pytest
+import torch
+
+import speculate
+from model import Config, PRESETS, Transformer, generate as naive_generate, logits_to_probs
+from speculate import ModelDrafter, NgramDrafter, accept_scan_ref
+from test_model import tiny_model
+
+V = 97  # tiny_model's vocabulary
+
+
+# -----------------------------------------------------------------------------
+# targets and prompts
+
+@lru_cache(maxsize=None)
+def random_target():
+    return tiny_model(0)
+
+
+@lru_cache(maxsize=None)
+def loopy_target():
+    """A target whose greedy output falls into a short cycle: with attention damped (but not
+    off) it is nearly a bigram model, so prompt lookup accepts long runs on its own text."""
+    m = tiny_model(5)
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.wo.weight.mul_(0.02)
+    return m
+
+
+@lru_cache(maxsize=None)
+def other_model():
+    """The `draft` drafter: an unrelated random model of the same family, one layer deep."""
+    torch.manual_seed(1)
+    m = Transformer(Config(vocab_size=V, **{**PRESETS["tiny"], "n_layer": 1})).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    return m
+
+
+def near_model_for(target, noise=0.05, seed=3):
+    """A draft model close to `target`: its weights plus noise."""
+    m = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.add_(noise * torch.randn(p.shape, generator=g))
+    return m
+
+
+LENS = (9, 1, 14, 4, 20, 2, 7, 12)  # 8 rows of different prompt lengths (batches take a prefix)
+
+
+@lru_cache(maxsize=None)
+def prompts(kind):
+    if kind == "random":
+        g = torch.Generator().manual_seed(123)
+        return tuple(tuple(torch.randint(0, V, (L,), generator=g).tolist()) for L in LENS)
+    # repetitive: slices of the loopy target's own greedy text (its cycle, from index 11 on),
+    # each at least one period long, so that prompt lookup finds the continuation at once
+    text = naive_generate(loopy_target(), [5, 6], 60)
+    return tuple(tuple(text[11 + i:11 + i + 17 + L]) for i, L in enumerate(LENS))
+
+
+@lru_cache(maxsize=None)
+def reference(kind, prompt, max_new_tokens):
+    """Plain greedy decoding by the naive, cache-free model.generate."""
+    target = loopy_target() if kind == "repetitive" else random_target()
+    return naive_generate(target, list(prompt), max_new_tokens)
+
+
+def make_drafter(name, target):
+    if name == "ngram":
+        return NgramDrafter()
+    if name == "draft":
+        return ModelDrafter(other_model())
+    return ModelDrafter(target)  # "self": the target drafts for itself
+
+
+# -----------------------------------------------------------------------------
+# greedy: speculative == plain, token for token
+
+MAX_NEW = 16
+
+
+@pytest.mark.parametrize("kind", ["repetitive", "random"])
+@pytest.mark.parametrize("K", [1, 4, 15])
+@pytest.mark.parametrize("name", ["ngram", "draft", "self"])
+def test_greedy_equals_plain(name, K, kind):
+    target = loopy_target() if kind == "repetitive" else random_target()
+    for B in (1, 3, 8):
+        batch = [list(p) for p in prompts(kind)[:B]]
+        outs, st = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=K)
+        for b in range(B):
+            assert outs[b] == reference(kind, tuple(batch[b]), MAX_NEW), f"row {b} of {B}"
+        assert st["tokens_per_row"] == [MAX_NEW] * B
+        if name == "self":  # the target's own drafts are always accepted: K + 1 tokens a pass
+            assert st["acceptance_per_position"] == [1.0] * K
+            assert st["row_passes"] == [1 + math.ceil((MAX_NEW - 1) / (K + 1))] * B  # 1 = prefill
+        if name == "ngram" and kind == "repetitive" and K > 1:
+            # the point of this prompt set: long acceptance runs
+            assert st["tau"] > 2.0, st["tau"]
+        if name == "ngram" and kind == "random":
+            assert st["tau"] < 2.0  # and the short-acceptance regime really is short
+    # plain decoding through the same loop (drafter=None) also equals the naive reference
+    if K == 4 and name == "ngram":
+        batch = [list(p) for p in prompts(kind)]
+        outs, st = speculate.generate(target, batch, None, max_new_tokens=MAX_NEW)
+        assert outs == [reference(kind, tuple(p), MAX_NEW) for p in batch]
+        assert st["tau"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft", "self"])
+def test_batch_rows_equal_rows_alone(name):
+    """Each row of a ragged batch of 8 decodes exactly as it does alone, with the same number
+    of verify passes (the drafts of one row never depend on its neighbours)."""
+    target = loopy_target()
+    batch = [list(p) for p in prompts("repetitive")]
+    outs, st = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=4)
+    for b, pr in enumerate(batch):
+        alone, st1 = speculate.generate(target, [pr], make_drafter(name, target), max_new_tokens=MAX_NEW, K=4)
+        assert outs[b] == alone[0]
+        assert st["row_passes"][b] == st1["row_passes"][0]
+    if name == "ngram":
+        assert len(set(st["row_passes"])) > 1  # the rows really were ragged
+
+
+# -----------------------------------------------------------------------------
+# sampling is lossless: a statistical test against the exact joint distribution
+
+@torch.no_grad()
+def exact_joint(target, prompt, n_tokens, temperature, top_k):
+    """Exact distribution {(t_1, .., t_n): prob} of the first n new tokens of plain sampling,
+    by enumerating every prefix with non-zero mass (top_k keeps this small)."""
+    dist = {(): 1.0}
+    for _ in range(n_tokens):
+        seqs = list(dist)
+        logits, _ = target(torch.tensor([list(prompt) + list(s) for s in seqs]))
+        probs = logits_to_probs(logits[:, -1], temperature, top_k).double()  # (S, V)
+        dist = {s + (t,): dist[s] * float(pr[t]) for s, pr in zip(seqs, probs) for t in pr.nonzero()[:, 0].tolist()}
+    return dist
+
+
+def total_variation(counts, exact):
+    N = sum(counts.values())
+    keys = set(counts) | set(exact)
+    return 0.5 * sum(abs(counts.get(k, 0) / N - exact.get(k, 0.0)) for k in keys)
+
+
+def tv_bound(exact, N, delta=1e-6):
+    """With N samples, E[TV(empirical, exact)] <= 0.5 sum_x sqrt(p(x)(1 - p(x)) / N), and TV
+    moves by at most 1/N when one sample changes, so by McDiarmid it exceeds that mean by
+    sqrt(ln(1/delta) / 2N) with probability < delta (here 1e-6: about 0.06 for N = 2000)."""
+    mean = 0.5 * sum(math.sqrt(p * (1 - p) / N) for p in exact.values())
+    return mean + math.sqrt(math.log(1 / delta) / (2 * N))
+
+
+SAMPLE_ROWS, SAMPLE_TOKENS, TEMPERATURE, TOP_K = 2000, 3, 1.0, 4
+
+
+def sampled_tv(target, prompt, drafter, K=2, seed=0):
+    """TV between the first SAMPLE_TOKENS tokens of SAMPLE_ROWS sampled rows (one batched call)
+    and the exact distribution, and the bound it must stay under."""
+    exact = exact_joint(target, prompt, SAMPLE_TOKENS, TEMPERATURE, TOP_K)
+    outs, st = speculate.generate(target, [list(prompt)] * SAMPLE_ROWS, drafter, max_new_tokens=SAMPLE_TOKENS,
+                                  K=K, temperature=TEMPERATURE, top_k=TOP_K, seed=seed)
+    counts = Counter(tuple(o) for o in outs)
+    return total_variation(counts, exact), tv_bound(exact, SAMPLE_ROWS), st
+
+
+@lru_cache(maxsize=None)
+def sampling_target():
+    return tiny_model(7, vocab=16)  # small vocabulary, top_k = 4: at most 64 outcomes
+
+
+@lru_cache(maxsize=None)
+def near_model():
+    """A draft model close to the sampling target (its weights plus noise), so that q overlaps
+    p and a fair share of drafts is accepted: every branch of the rule gets traffic."""
+    return near_model_for(sampling_target(), noise=0.05, seed=8)
+
+
+SAMPLE_PROMPT = (3, 1, 4, 1, 5)
+
+
+def sampling_drafters():
+    return {"plain": None,
+            "draft-q": ModelDrafter(near_model(), sample=True),     # real q
+            "draft-argmax": ModelDrafter(near_model(), sample=False),  # argmax q (one-hot)
+            "ngram": NgramDrafter(n=2)}                            # argmax q from prompt lookup
+
+
+@pytest.mark.parametrize("name", ["plain", "draft-q", "draft-argmax", "ngram"])
+def test_sampling_is_lossless(name):
+    tv, bound, st = sampled_tv(sampling_target(), SAMPLE_PROMPT, sampling_drafters()[name])
+    assert tv < bound, f"{name}: TV {tv:.3f} >= bound {bound:.3f}"
+    if name.startswith("draft"):  # both the accept and the reject branches were exercised
+        assert 0.1 < st["acceptance_per_position"][0] < 0.9, st["acceptance_per_position"]
+
+
+def broken_always_accept(p, drafts, q=None, uniforms=None):
+    """Accepts every draft the target gives any mass (u = 0 in the ratio test)."""
+    if uniforms is not None:
+        uniforms = uniforms.clone()
+        uniforms[:, :drafts.shape[1]] = 0.0
+    return accept_scan_ref(p, drafts, q, uniforms)
+
+
+def broken_residual_from_p(p, drafts, q=None, uniforms=None):
+    """The right ratio test, but on rejection samples from p_i instead of norm(max(0, p_i - q_i))."""
+    n, nxt = accept_scan_ref(p, drafts, q, uniforms)
+    if uniforms is None:
+        return n, nxt
+    B, K = drafts.shape
+    p_n = p[torch.arange(B), n][:, None]                         # (B, 1, V)
+    _, from_p = accept_scan_ref(p_n, drafts[:, :0], None, uniforms[:, K:])  # K = 0: sample p_n
+    return n, torch.where(n < K, from_p, nxt)
+
+
+@pytest.mark.parametrize("name, broken", [("draft-q", broken_always_accept), ("draft-q", broken_residual_from_p),
+                                          ("draft-argmax", broken_residual_from_p)])
+def test_broken_acceptance_rule_fails(monkeypatch, name, broken):
+    """The statistical test has teeth: a wrong rule lands at TV ~0.2 against the bound of ~0.14,
+    while the right rule stays at the noise floor, TV ~0.06."""
+    monkeypatch.setattr(speculate, "accept_scan", broken)
+    tv, bound, _ = sampled_tv(sampling_target(), SAMPLE_PROMPT, sampling_drafters()[name])
+    assert tv > bound, f"{broken.__name__} with {name}: TV {tv:.3f}, bound {bound:.3f}"
+
+
+# -----------------------------------------------------------------------------
+# accept_scan_ref on hand-built cases
+
+def one_hot(i, V=4):
+    return torch.nn.functional.one_hot(torch.tensor(i), V).float()
+
+
+def test_accept_all_then_bonus_from_last_p():
+    p = torch.tensor([[[0.1, 0.6, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.0, 0.0, 0.0, 1.0]]])  # (1, K+1=3, 4)
+    drafts = torch.tensor([[1, 2]])
+    n, nxt = accept_scan_ref(p, drafts, p[:, :2].clone(), torch.tensor([[0.99, 0.99, 0.5]]))
+    assert n.tolist() == [2] and nxt.tolist() == [3]  # q = p: ratio 1 > u; bonus from p_3
+    # greedy: drafts equal the argmax of each p_i -> all accepted, bonus = argmax p_{K+1}
+    n, nxt = accept_scan_ref(torch.tensor([[[0., 5., 1., 0.], [0., 0., 9., 1.], [2., 0., 0., 1.]]]),
+                             torch.tensor([[1, 2]]))
+    assert n.tolist() == [2] and nxt.tolist() == [0]
+
+
+def test_first_rejected_samples_the_residual():
+    # draft 1 has p = 0.1 < q = 0.6: with u = 0.5 the ratio test 0.5 < 1/6 fails at once
+    p = torch.tensor([[[0.1, 0.4, 0.5], [1.0, 0.0, 0.0]]])   # (1, 2, 3)
+    q = torch.tensor([[[0.6, 0.3, 0.1]]])                    # (1, 1, 3)
+    drafts = torch.tensor([[0]])
+    # residual max(0, p - q) = [0, 0.1, 0.4] -> [0, 0.2, 0.8]: inverse CDF over a grid of u
+    M = 1000
+    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1)  # (M, 2)
+    n, nxt = accept_scan_ref(p.expand(M, -1, -1), drafts.expand(M, -1), q.expand(M, -1, -1), u)
+    assert (n == 0).all()
+    assert torch.bincount(nxt, minlength=3).tolist() == [0, 200, 800]
+    # greedy: the first mismatch emits the target's own argmax there
+    n, nxt = accept_scan_ref(torch.tensor([[[0., 1., 3.], [5., 0., 0.], [0., 7., 0.]]]), torch.tensor([[1, 0]]))
+    assert n.tolist() == [0] and nxt.tolist() == [2]
+
+
+def test_residual_excludes_the_rejected_argmax_draft():
+    # q one-hot at d (argmax drafts, q=None) while p has mass elsewhere: on rejection the
+    # residual is p with d removed, so d can never be emitted
+    p = torch.tensor([[[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    M = 1000
+    u = torch.stack([torch.full((M,), 0.9), (torch.arange(M) + 0.5) / M], 1)
+    n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 1, dtype=torch.long), None, u)
+    assert (n == 0).all()  # 0.9 * 1 < 0.5 fails
+    assert torch.bincount(nxt, minlength=4).tolist() == [0, 600, 400, 0]
+    # the same with an explicit one-hot q
+    n2, nxt2 = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 1, dtype=torch.long),
+                               one_hot(0)[None, None].expand(M, 1, 4), u)
+    assert torch.equal(n, n2) and torch.equal(nxt, nxt2)
+
+
+def test_p_equal_q_accepts_every_draft():
+    g = torch.Generator().manual_seed(0)
+    B, K, V = 64, 6, 10
+    p = torch.softmax(3 * torch.randn(B, K + 1, V, generator=g), -1)
+    q = p[:, :K].clone()
+    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, K)
+    n, _ = accept_scan_ref(p, drafts, q, torch.rand(B, K + 1, generator=g))
+    assert (n == K).all()
+
+
+def test_one_step_output_distribution_is_p():
+    """The rule's whole point, for one step: a token drawn from q, then accepted or replaced
+    by the residual, has exactly the distribution p (checked with 200k rows)."""
+    g = torch.Generator().manual_seed(1)
+    V, N = 6, 200_000
+    p = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1, 0.0])
+    q = torch.tensor([0.05, 0.4, 0.1, 0.05, 0.2, 0.2])
+    drafts = torch.multinomial(q, N, replacement=True, generator=g)[:, None]  # (N, 1)
+    P = torch.stack([p, p])[None].expand(N, 2, V)
+    n, nxt = accept_scan_ref(P, drafts, q[None, None].expand(N, 1, V), torch.rand(N, 2, generator=g))
+    emitted = torch.where(n == 1, drafts[:, 0], nxt)  # the first new token of the row
+    freq = torch.bincount(emitted, minlength=V).double() / N
+    assert (freq - p.double()).abs().max() < 0.005  # 4 sigma at N = 200k is ~0.004
+
+
+def test_greedy_ties_pick_the_first_index():
+    logits = torch.tensor([[[0., 3., 3., 1.], [2., 2., 0., 0.]]])  # argmax ties: index 1, then 0
+    n, nxt = accept_scan_ref(logits, torch.tensor([[2]]))
+    assert n.tolist() == [0] and nxt.tolist() == [1]
+    n, nxt = accept_scan_ref(logits, torch.tensor([[1]]))
+    assert n.tolist() == [1] and nxt.tolist() == [0]
+
+
+def test_k_zero_is_plain_decoding():
+    logits = torch.tensor([[[0., 3., 1.]], [[4., 0., 0.]]])  # (B=2, K+1=1, V=3)
+    n, nxt = accept_scan_ref(logits, torch.zeros(2, 0, dtype=torch.long))
+    assert n.tolist() == [0, 0] and nxt.tolist() == [1, 0]
+    # sampling: inverse CDF of p over a grid of u reproduces p exactly
+    p = torch.tensor([0.2, 0.0, 0.5, 0.3])
+    M = 1000
+    u = ((torch.arange(M) + 0.5) / M)[:, None]
+    n, nxt = accept_scan_ref(p[None, None].expand(M, 1, 4), torch.zeros(M, 0, dtype=torch.long), None, u)
+    assert (n == 0).all()
+    assert torch.bincount(nxt, minlength=4).tolist() == [200, 0, 500, 300]
+
+
+def test_accept_scan_dispatches_to_the_reference_on_cpu():
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(3, 5, 11, generator=g), -1)
+    q = torch.softmax(torch.randn(3, 4, 11, generator=g), -1)
+    d = torch.randint(0, 11, (3, 4), generator=g)
+    u = torch.rand(3, 5, generator=g)
+    for args in [(p, d, q, u), (p, d, None, u), (p, d)]:
+        a, b = speculate.accept_scan(*args), accept_scan_ref(*args)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# -----------------------------------------------------------------------------
+# rollback, stop token, bad input
+
+class CheckingDrafter:
+    """Wraps a drafter; its update() checks the loop's state invariant after every verify step:
+    the target has fed every committed token but the last (cache length n - 1 per row), and the
+    cached keys and values there are those of a fresh prefill of exactly those tokens."""
+
+    hidden_layers = ()
+
+    def __init__(self, inner, target):
+        self.inner, self.target, self.new_cache = inner, target, target.new_cache
+        self.steps, self.ragged = 0, False
+
+    def prefill(self, tokens, n, feats):
+        self.inner.prefill(tokens, n, feats)
+
+    def propose(self, *args, **kw):
+        return self.inner.propose(*args, **kw)
+
+    def update(self, tokens, n, feats, n_new):
+        cache = self.target_cache
+        assert torch.equal(cache.lengths, n - 1)
+        for b in range(tokens.shape[0]):
+            L = int(n[b]) - 1
+            fresh = self.new_cache(1, max_len=cache.max_len)
+            self.target(tokens[b:b + 1, :L], fresh)
+            assert torch.allclose(cache.k[:, b, :, :L], fresh.k[:, 0, :, :L], atol=1e-5)
+            assert torch.allclose(cache.v[:, b, :, :L], fresh.v[:, 0, :, :L], atol=1e-5)
+        self.steps += 1
+        self.ragged |= len(set(n_new[n_new > 0].tolist())) > 1
+        self.inner.update(tokens, n, feats, n_new)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollback_keeps_cache_at_committed_length(monkeypatch, temperature):
+    target = loopy_target()
+    # ragged acceptance: prompt lookup on repetitive text (greedy), a near model's q (sampling)
+    inner = NgramDrafter() if temperature == 0 else ModelDrafter(near_model_for(target))
+    drafter = CheckingDrafter(inner, target)
+
+    def spy(*a, **kw):  # keep the loop's cache where the drafter can see it
+        drafter.target_cache = drafter.new_cache(*a, **kw)
+        return drafter.target_cache
+    monkeypatch.setattr(target, "new_cache", spy)
+    batch = [list(p) for p in prompts("repetitive")[:3]] + [list(prompts("random")[0])]
+    outs, _ = speculate.generate(target, batch, drafter, max_new_tokens=20, K=4, temperature=temperature, seed=0)
+    assert drafter.steps > 3 and drafter.ragged
+    if temperature == 0:
+        assert outs == [naive_generate(target, p, 20) for p in batch]
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft"])
+def test_stop_token_stops_its_row_only(name):
+    target = random_target()
+    batch = [list(p) for p in prompts("random")[:3]]
+    refs = [reference("random", tuple(p), MAX_NEW) for p in batch]
+    # a token that row 0 emits early and row 1 never does
+    stop = next(t for t in refs[0][2:10] if t not in refs[1])
+    outs, st = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=4,
+                                  stop_token=stop)
+    cut = [r[:r.index(stop) + 1] if stop in r else r for r in refs]
+    assert outs == cut
+    assert outs[0][-1] == stop and len(outs[0]) < MAX_NEW
+    assert len(outs[1]) == MAX_NEW
+    plain, _ = speculate.generate(target, batch, None, max_new_tokens=MAX_NEW, stop_token=stop)
+    assert plain == cut
+
+
+def test_bad_input_raises_clear_errors():
+    target = random_target()
+    gen = lambda prompts, **kw: speculate.generate(target, prompts, NgramDrafter(), **{"max_new_tokens": 8, **kw})
+    with pytest.raises(ValueError, match="empty prompt"):
+        gen([])
+    with pytest.raises(ValueError, match="empty prompt"):
+        gen([[1, 2], []])
+    with pytest.raises(ValueError, match="exceeds the target's context"):
+        gen([[1] * 200], max_new_tokens=60)
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        gen([[1, 2]], K=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        gen([[1, 2]], temperature=-0.5)
+    with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        speculate.load_drafter("medusa", target, "out")
+    assert speculate.load_drafter("ar", target, "out") is None
+    assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
