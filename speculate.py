@@ -201,7 +201,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         raise ValueError("empty prompt list or empty prompt")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if K < 1:
+    if drafter is not None and K < 1:
         raise ValueError(f"draft length K must be >= 1, got {K}")
     K = K if drafter is not None else 0
     device = target.head.weight.device
@@ -329,7 +329,8 @@ def load_drafter(method, target, out_dir, **kw):
         return NgramDrafter(n=kw.get("ngram_n", 3))
     if method == "draft":
         from model import load_target
-        return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt")))
+        w = target.head.weight
+        return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt"), device=w.device, dtype=w.dtype))
     if method == "mtp":
         import mtp
         return mtp.load_drafter(target, out_dir, **kw)

@@ -108,6 +108,8 @@ def evaluate(model, target, val, batch_size):
 
 def main(args):
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     target = load_target(args.target, device=device)
     for p in target.parameters():
@@ -172,6 +174,7 @@ def get_parser():
     p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("self-distillation data")
     g.add_argument("--n-seqs", type=int, default=1024, help="training sequences the target continues")
     g.add_argument("--n-val-seqs", type=int, default=64, help="held-out sequences (from the val split)")
