@@ -139,8 +139,12 @@ class NgramDrafter:
             key = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):  # latest occurrence first
                 if seq[start:start + n] == key:
-                    cont = seq[start + n:start + n + K]
-                    return cont + [cont[-1]] * (K - len(cont))  # pad; padding is just rejected
+                    # copy what followed; past the end of seq keep copying from the copy itself,
+                    # so a short cycle (a repeating line, a loop) fills all K drafts
+                    ext = list(seq)
+                    for i in range(K):
+                        ext.append(ext[start + n + i])
+                    return ext[len(seq):]
         return [seq[-1]] * K
 
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
