@@ -44,8 +44,11 @@ GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # loss decay per block size (paper)
 
 
 def feature_layers(n_layer, n_features):
-    """n target layers spread evenly over depth, from the first block to the last."""
+    """n target layers spread evenly over depth, from the first block to the last (a single
+    feature is the last block's output)."""
     n_features = min(n_features, n_layer)
+    if n_features == 1:
+        return (n_layer,)
     return tuple(sorted({round(1 + i * (n_layer - 1) / max(n_features - 1, 1)) for i in range(n_features)}))
 
 

@@ -294,6 +294,18 @@ def load_target(path, device="cpu", dtype=torch.float32):
     return model
 
 
+def export_checkpoint(src, dst, dtype=torch.bfloat16):
+    """Shrink a checkpoint for weights/: drop the optimizer state, store weights in bf16.
+    Loading casts them back to the compute dtype; weights_hash is unchanged by design."""
+    ckpt = load_checkpoint(src)
+    ckpt.pop("optimizer", None)
+    for key in ("state_dict", "mtp_state_dict"):
+        if ckpt.get(key):
+            ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}
+    save_checkpoint(dst, ckpt)
+    return ckpt
+
+
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":
@@ -301,7 +313,12 @@ if __name__ == "__main__":
     parser.add_argument("--ckpt", default="out/cpu/target.pt", help="target checkpoint")
     parser.add_argument("--prompt", default="def parse(", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--export", default=None, metavar="DST",
+                        help="instead: write --ckpt (any kind) to DST in bf16 without optimizer state")
     args = parser.parse_args()
+    if args.export:
+        export_checkpoint(args.ckpt, args.export)
+        raise SystemExit(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
 
     from data import get_encoding
     enc = get_encoding()
