@@ -318,7 +318,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.export:
         export_checkpoint(args.ckpt, args.export)
-        raise SystemExit(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
+        print(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
+        raise SystemExit(0)
 
     from data import get_encoding
     enc = get_encoding()
