@@ -33,7 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kv_cache import KVCache
-from model import MLP, Attention, RMSNorm, logits_to_probs, weights_hash, load_checkpoint
+from model import MLP, Attention, RMSNorm, weights_hash, load_checkpoint
+from speculate import draft_token
 
 
 def default_layers(L):
@@ -220,13 +221,9 @@ class EagleDrafter:
         h, logits = self.catch_up(tokens, n)
         drafts, qs = [], []
         for i in range(K):
-            if temperature > 0 and self.sample:                      # draw from the real q
-                q = logits_to_probs(logits, temperature, top_k)      # (B, V)
-                d = torch.multinomial(q, 1, generator=generator)[:, 0]
-                qs.append(q)
-            else:
-                d = logits.argmax(-1)
+            d, q = draft_token(logits, temperature, top_k, generator, self.sample)  # real q when sampling
             drafts.append(d)
+            qs += [q] if q is not None else []
             if i < K - 1:
                 h, logits = self.step(h, d)                          # feed back own feature + draft
         self.cache.rollback(n - 1)                                   # keep only exact positions 0..n-2

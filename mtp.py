@@ -28,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kv_cache import KVCache
-from model import Block, RMSNorm, logits_to_probs, weights_hash, load_checkpoint
+from model import Block, RMSNorm, weights_hash, load_checkpoint
+from speculate import draft_token
 
 
 class MTPModule(nn.Module):
@@ -147,13 +148,9 @@ class MTPDrafter:
             # entries are exact up to position N-1-k; the rest was tentative
             cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))
             logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k
-            if temperature > 0 and self.sample:
-                q = logits_to_probs(logits, temperature, top_k)
-                d = torch.multinomial(q, 1, generator=generator)[:, 0]
-                qs.append(q)
-            else:
-                d = logits.argmax(-1)
+            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
             drafts.append(d)
+            qs += [q] if q is not None else []
             ext[rows, n - 1 + k] = d
             if self.margin > 0 and k < self.n_draft:   # confidence gate: stop when unsure
                 top2 = logits.float().topk(2, -1).values

@@ -120,6 +120,15 @@ def feed_ragged(model, cache, tokens, n, hidden_layers=()):
     return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], hidden, start
 
 
+def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
+    """One draft per row from (B, V) logits. When sampling, draw it from the warped q and return
+    q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as None)."""
+    if temperature > 0 and sample:
+        q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
+        return torch.multinomial(q, 1, generator=generator)[:, 0], q
+    return logits.argmax(-1), None
+
+
 class NgramDrafter:
     """Prompt lookup decoding: find the latest earlier occurrence of the last `n` committed
     tokens (falling back to shorter n-grams) and propose the K tokens that followed it."""
@@ -174,13 +183,9 @@ class ModelDrafter:
         logits, _, _ = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
         drafts, qs = [], []
         for i in range(K):
-            if temperature > 0 and self.sample:
-                q = logits_to_probs(logits, temperature, top_k)        # (B, V)
-                d = torch.multinomial(q, 1, generator=generator)[:, 0]
-                qs.append(q)
-            else:
-                d = logits.argmax(-1)
+            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
             drafts.append(d)
+            qs += [q] if q is not None else []
             if i < K - 1:
                 logits = self.model(d[:, None], self.cache)[0][:, -1]
         self.cache.rollback(n)  # tentative drafts leave the draft cache
