@@ -233,7 +233,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
     for b, pr in enumerate(prompts):
         tokens[b, :len(pr)] = torch.tensor(pr)
-    n = torch.tensor(lens, device=device)
+    lens_t = torch.tensor(lens, device=device)  # (B,) prompt lengths
+    n = lens_t.clone()
     cache = target.new_cache(B, max_len=T_max)
     layers = drafter.hidden_layers if drafter is not None else ()
     stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B,
@@ -249,7 +250,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     done = torch.zeros(B, dtype=torch.bool, device=device)
     if stop_token is not None:
         done |= first == stop_token
-    done |= n - torch.tensor(lens, device=device) >= max_new_tokens
+    done |= n - lens_t >= max_new_tokens
     if drafter is not None:
         drafter.prefill(tokens, n, torch.cat(hidden, -1) if hidden else None)
     _sync(device); stats["verify_s"] += time.perf_counter() - t0
@@ -279,7 +280,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         n_new = torch.where(done, torch.zeros_like(n_acc), n_acc + 1)
         # never commit past a row's budget: the excess would be cut anyway, and a finished row
         # keeps riding along in the batch, so its n must stay within the T_max buffers
-        n_new = torch.minimum(n_new, max_new_tokens - (n - torch.tensor(lens, device=device)))
+        n_new = torch.minimum(n_new, max_new_tokens - (n - lens_t))
         # commit d_1..d_n and then the emitted token, per row
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
         new = torch.cat([drafts, nxt[:, None]], 1)
@@ -295,18 +296,18 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         stats["draft_s"] += t1 - t0
         stats["verify_s"] += t2 - t1
         stats["verify_passes"] += 1
-        active = (~done).tolist()
-        for b in range(B):
-            stats["row_passes"][b] += active[b]
-        for i in range(Kd):  # per-position acceptance over active rows
+        # per-position acceptance over active rows, moved to the host in one transfer
+        active = ~done
+        accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & active[:, None]).sum(0)
+        active, accepted = active.tolist(), accepted.tolist()
+        stats["row_passes"] = [r + a for r, a in zip(stats["row_passes"], active)]
+        for i in range(Kd):
             stats["attempts_per_position"][i] += sum(active)
-            stats["accepted_per_position"][i] += int(((n_acc > i) & ~done).sum())
-        # rows finish on their token budget or on the stop token
-        gen = n - torch.tensor(lens, device=device)
+            stats["accepted_per_position"][i] += accepted[i]
+        # rows finish on their token budget or on the stop token (among what they just committed)
         if stop_token is not None:
-            span = (torch.arange(Kd + 1, device=device)[None] < n_new[:, None]) & (new == stop_token)
-            done |= span.any(1)
-        done |= gen >= max_new_tokens
+            done |= (keep & (new == stop_token)).any(1)
+        done |= n - lens_t >= max_new_tokens
 
     outputs = []
     for b in range(B):
