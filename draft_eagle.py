@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from kv_cache import KVCache
 from model import MLP, Attention, RMSNorm, weights_hash, load_checkpoint
-from speculate import draft_token
+from speculate import draft_token, ragged_positions
 
 
 def default_layers(L):
@@ -197,8 +197,7 @@ class EagleDrafter:
         P, cache, C = n - 2, self.cache, self.feat.shape[2]
         cache.rollback(torch.minimum(cache.lengths, P))             # rerun at least P (rows with n_new = 0)
         start = cache.lengths.clone()
-        m = int((P - start).max()) + 1
-        p_idx = torch.minimum(start[:, None] + torch.arange(m, device=n.device), P[:, None])  # (B, m), pad with P
+        p_idx = ragged_positions(start, P)                            # (B, m), padded with P
         h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p
         e = self.target.embed(tokens.gather(1, p_idx + 1))            # (B, m, C): x_{p+1}, committed
         out = self._run(e, h)                                         # padding writes junk past P ...

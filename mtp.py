@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from kv_cache import KVCache
 from model import Block, RMSNorm, weights_hash, load_checkpoint
-from speculate import draft_token
+from speculate import draft_token, ragged_positions
 
 
 class MTPModule(nn.Module):
@@ -133,8 +133,8 @@ class MTPDrafter:
             mod, cache = self.mtp.mods[k - 1], self.caches[k - 1]
             cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
             start = cache.lengths.clone()
-            m = int((P - start).max()) + 1
-            p_idx = torch.minimum(start[:, None] + torch.arange(m, device=n.device), P[:, None])  # (B, m)
+            p_idx = ragged_positions(start, P)        # (B, m)
+            m = p_idx.shape[1]
             h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
             e = target.embed(ext.gather(1, p_idx + k))
             pos = cache.positions(m)

@@ -105,14 +105,19 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 # -----------------------------------------------------------------------------
 # drafters that need no training
 
+def ragged_positions(start, last):
+    """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
+    (B, m). This is how every drafter catches its cache up on rows of different lengths in one
+    pass; the padding writes junk past a row's end, which the caller's rollback hides."""
+    m = int((last - start).max()) + 1
+    return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
+
+
 def feed_ragged(model, cache, tokens, n, hidden_layers=()):
     """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
-    padded pass; return logits (B, V) at each row's last real token and the features.
-    Padding writes junk past a row's end, which the rollback at the end hides."""
+    padded pass; return logits (B, V) at each row's last real token and the features."""
     start = cache.lengths.clone()
-    m = int((n - start).max())
-    idx = start[:, None] + torch.arange(m, device=n.device)                 # (B, m)
-    idx = torch.minimum(idx, (n - 1)[:, None])                              # pad by repeating
+    idx = ragged_positions(start, n - 1)                                    # (B, m)
     logits, hidden = model(tokens.gather(1, idx), cache, hidden_layers=hidden_layers)
     cache.rollback(n)
     # a finished row (n == start) feeds nothing real: clamp its index to the (junk) first slot
