@@ -177,13 +177,10 @@ def find_or_train(args, methods, device, dtype):
     return target, target_path, {m: d for m, d in found.items() if d}, skipped
 
 
-def get_drafter(method, target, folder, args, device, dtype):
+def get_drafter(method, target, folder, args):
     kw = {"dflash": dict(block_size=args.block_size, dflash_sample=not args.dflash_argmax),
           "mtp": dict(mtp_draft=args.mtp_draft, mtp_margin=args.mtp_margin)}.get(method, {})
-    drafter = load_drafter(method, target, folder, **kw)
-    if method == "draft":  # NOTE: speculate.load_drafter loads the small model on the CPU in fp32
-        drafter.model.to(device=device, dtype=dtype)
-    return drafter
+    return load_drafter(method, target, folder, **kw)  # drafters follow the target's device and dtype
 
 
 # -----------------------------------------------------------------------------
@@ -246,14 +243,9 @@ def repeat8(outs):
 # report
 
 def cuda_ext_active(device):
-    """Whether the hand-written CUDA extension serves this run (cuda/ may not exist yet)."""
-    try:
-        import cuda
-        if hasattr(cuda, "ext_active"):
-            return bool(cuda.ext_active())
-        return device.type == "cuda" and cuda.active_path(device)[0] == "extension"
-    except Exception:
-        return False
+    """Whether the hand-written CUDA extension serves this run (only ever on a GPU)."""
+    import cuda
+    return device.type == "cuda" and cuda.active_path(device)[0] == "extension"
 
 
 def bars(alpha):
@@ -442,7 +434,7 @@ def main(argv=None):
         if m in CKPT and m not in found:
             continue  # reason already in skipped
         try:
-            drafters[m] = get_drafter(m, target, found.get(m), args, device, dtype)
+            drafters[m] = get_drafter(m, target, found.get(m), args)
         except ValueError as e:  # e.g. a block size above what dflash was trained for
             die(f"{m}: {e}" + (" (see --block-size)" if m == "dflash" else ""))
         except (ImportError, FileNotFoundError, AttributeError) as e:
