@@ -19,7 +19,7 @@ inside a model's forward:
     pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
     for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
                k_all, v_all = cache.read(layer, T)
-               mask = cache.mask(T)          # (B, 1, T, T_keys) True = may attend
+               mask = cache.mask()           # (B, 1, T, T_keys) True = may attend
     cache.advance(T)                         # after the last layer
 """
 
@@ -35,18 +35,24 @@ class KVCache:
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.max_len = max_len
         self._keys = None  # number of key positions this forward reads, set by positions()
+        self._mask = None  # this forward's attention mask, shared by all layers, set by positions()
 
     @property
     def batch_size(self):
         return self.lengths.shape[0]
 
     def positions(self, T):
-        """Absolute positions (B, T) of T new tokens appended to every row.
+        """Absolute positions (B, T) of T new tokens appended to every row; also fixes this
+        forward's key range and mask (the same for every layer, so built once here).
         NOTE: one host sync (the max length) per forward, to bound the keys we read."""
         pos = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
         self._keys = int(self.lengths.max()) + T
         if self._keys > self.max_len:
             raise ValueError(f"KV cache overflow: {self._keys} positions > max_len {self.max_len}")
+        # query t of row b sees key j iff j <= lengths[b] + t: everything at or past a row's
+        # own new end is stale or another row's padding
+        j = torch.arange(self._keys, device=self.lengths.device)              # (T_keys,)
+        self._mask = (j[None, None, :] <= pos[:, :, None])[:, None]          # (B, 1, T, T_keys)
         return pos
 
     def write(self, layer, k, v, pos):
@@ -60,12 +66,9 @@ class KVCache:
         """Keys and values (B, H, T_keys, D) of one layer, up to the longest row's end."""
         return self.k[layer, :, :, :self._keys], self.v[layer, :, :, :self._keys]
 
-    def mask(self, T):
-        """(B, 1, T, T_keys) bool: query t of row b sees key j iff j <= lengths[b] + t.
-        Everything at or past a row's own new end is stale or another row's padding."""
-        j = torch.arange(self._keys, device=self.lengths.device)              # (T_keys,)
-        last = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
-        return (j[None, None, :] <= last[:, :, None])[:, None]               # (B, 1, T, T_keys)
+    def mask(self):
+        """(B, 1, T, T_keys) bool, True = may attend: this forward's mask (see positions)."""
+        return self._mask
 
     def advance(self, T):
         """Commit T new positions (int or (B,) tensor) after all layers were written."""

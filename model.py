@@ -123,7 +123,7 @@ class Attention(nn.Module):
         else:  # write the new keys at each row's own offset, then attend to the whole row
             cache.write(layer, k, v, pos)
             k, v = cache.read(layer)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(T), enable_gqa=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(), enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
 
