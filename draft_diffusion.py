@@ -23,8 +23,9 @@ embedding or head of its own: it uses the target's, frozen (the <|mask|> row sta
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
 continuations, sample many anchors a per sequence; each anchor's block [x_a, mask...] sees
 the context strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in
-one pass with a block-sparse mask. Loss = cross-entropy at slots 1..B-1 against x_{a+k},
-weighted by exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
+one pass: each block is a row of its own with a key mask, which is the block-sparse pattern
+without a dense mask. Loss = cross-entropy at slots 1..B-1 against x_{a+k}, weighted by
+exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
@@ -54,7 +55,7 @@ def feature_layers(n_layer, n_features):
 
 class DFlash(nn.Module):
 
-    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=32, mask_id=None):
+    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, mask_id=None):
         super().__init__()
         self.cfg, self.block_size, self.anchors = cfg, block_size, anchors
         self.n_layer, self.n_features = n_layer, n_features
@@ -90,7 +91,7 @@ class DFlash(nn.Module):
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
         """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
-        (L, B, H, T_ctx, D) rotated context keys/values per layer; mask (B, 1, S, T_ctx + S)
+        (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L); mask (B, 1, S, T_ctx + S)
         or None (= every query sees every key: inference with full rows).
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
@@ -109,31 +110,34 @@ class DFlash(nn.Module):
 
     def train_logits(self, target, tokens, feats, anchors):
         """All blocks of all anchors in one pass. tokens (B, T), feats (B, T, n*C) of the frozen
-        target on them, anchors (B, A). Returns logits (B, A, S, V) and positions (B, A, S)."""
+        target on them, anchors (B, A). Returns logits (B, A, S, V) and positions (B, A, S).
+        Every block becomes its own row of a (B*A)-row batch, exactly as at inference: its
+        keys are its sequence's context (masked to j < a) followed by its own S slots, so the
+        block-sparse pattern costs S*(T+S) scores per block instead of a dense (A*S)^2 mask."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         A = anchors.shape[1]
-        slot = torch.arange(S, device=dev)
-        pos = anchors[:, :, None] + slot                                    # (B, A, S)
+        pos = anchors[:, :, None] + torch.arange(S, device=dev)             # (B, A, S)
         # block inputs: x_a at slot 0, <|mask|> elsewhere
         blk = torch.full((B, A, S), self.mask_id, device=dev)
         blk[:, :, 0] = tokens.gather(1, anchors)
-        x = target.embed(blk).flatten(1, 2)                                  # (B, A*S, C)
-        # context K/V for all T positions, rotated at their own positions
+        x = target.embed(blk).flatten(0, 1)                                  # (B*A, S, C)
+        # context K/V for all T positions, rotated at their own positions, shared by the
+        # A blocks of each sequence
         ck, cv = self.context_kv(self.context(feats))                       # (L, B, T, H, D)
-        cpos = torch.arange(T, device=dev).expand(B, T)
-        ccos, csin = target.rope(cpos)
+        ccos, csin = target.rope(torch.arange(T, device=dev).expand(B, T))
         ck = apply_rope(ck.transpose(2, 3), ccos, csin)                     # (L, B, H, T, D)
         cv = cv.transpose(2, 3)
-        # block-sparse mask: a query of anchor a sees context j < a (strictly!) and its own block
-        q_anchor = anchors[:, :, None].expand(B, A, S).flatten(1)           # (B, A*S)
-        see_ctx = torch.arange(T, device=dev)[None, None, :] < q_anchor[:, :, None]  # (B, A*S, T)
-        blk_id = torch.arange(A, device=dev).repeat_interleave(S)
-        see_blk = (blk_id[:, None] == blk_id[None, :]).expand(B, -1, -1)    # (B, A*S, A*S)
-        mask = torch.cat([see_ctx, see_blk], 2)[:, None]                    # (B, 1, A*S, T + A*S)
+        L, _, H, _, D = ck.shape
+        # (unbind, not ck[i] later: indexing a stacked tensor backpropagates through L zero-filled copies)
+        ck = ck[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
+        cv = cv[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
+        # a block anchored at a sees context j < a (strictly!) and all of its own block
+        see_ctx = torch.arange(T, device=dev) < anchors.reshape(B * A, 1)  # (B*A, T)
+        mask = torch.cat([see_ctx, see_ctx.new_ones(B * A, S)], 1)[:, None, None]  # (B*A, 1, 1, T+S)
         # NOTE: slots past the end of a sequence (no label) still take part, as at inference;
         # clamp only their RoPE lookup so a window at the context edge cannot index past the table
-        rpos = pos.flatten(1).clamp(max=self.cfg.max_seq_len - 1)
+        rpos = pos.flatten(0, 1).clamp(max=self.cfg.max_seq_len - 1)
         return self.blocks_forward(target, x, rpos, ck, cv, mask).view(B, A, S, -1), pos
 
     def loss(self, target, tokens, feats, anchors=None):
@@ -144,6 +148,7 @@ class DFlash(nn.Module):
         if anchors is None:  # a in [1, T-2]: at least one context position and one label
             A = min(self.anchors, T - 2)
             anchors = torch.stack([torch.randperm(T - 2, device=dev)[:A] + 1 for _ in range(B)])  # (B, A)
+        A = anchors.shape[1]
         logits, pos = self.train_logits(target, tokens, feats, anchors)
         slot = torch.arange(S, device=dev)
         # slot k predicts the token AT position a+k (same position, no shift); slot 0 is dropped

@@ -53,6 +53,19 @@ def test_training_path_equals_inference_path():
 
 
 @torch.no_grad()
+def test_loss_with_given_anchors_counts_only_real_labels():
+    """Fixed anchors (as an evaluation would pass them): slot k of anchor a has a label only
+    while a + k < T, so a block at the end of a sequence counts just its real labels."""
+    target, df = setup()
+    S = df.block_size  # 8
+    tokens = torch.randint(0, 97, (2, 20))
+    anchors = torch.tensor([[1, 18], [5, 10]])  # 18: only slot 1 (position 19) has a label
+    loss, st = df.loss(target, tokens, feats_of(target, df, tokens), anchors)
+    assert torch.isfinite(loss)
+    assert st["count"].tolist() == [4] + [3] * (S - 2)
+
+
+@torch.no_grad()
 def test_context_strictly_before_anchor_and_block_bidirectional():
     target, df = setup(1)
     S = df.block_size
