@@ -91,8 +91,8 @@ class DFlash(nn.Module):
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
         """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
-        (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L); mask (B, 1, S, T_ctx + S)
-        or None (= every query sees every key: inference with full rows).
+        (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L such);
+        mask (B, 1, S, T_ctx + S) or None (= every query sees every key: inference, full rows).
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):
@@ -146,9 +146,8 @@ class DFlash(nn.Module):
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         if anchors is None:  # a in [1, T-2]: at least one context position and one label
-            A = min(self.anchors, T - 2)
-            anchors = torch.stack([torch.randperm(T - 2, device=dev)[:A] + 1 for _ in range(B)])  # (B, A)
-        A = anchors.shape[1]
+            anchors = torch.stack([torch.randperm(T - 2, device=dev)[:self.anchors] + 1 for _ in range(B)])
+        A = anchors.shape[1]                                                # (B, A)
         logits, pos = self.train_logits(target, tokens, feats, anchors)
         slot = torch.arange(S, device=dev)
         # slot k predicts the token AT position a+k (same position, no shift); slot 0 is dropped
