@@ -81,9 +81,8 @@ def rope_table(cfg, device=None):
 def apply_rope(x, cos, sin):
     """Rotate x (B, H, T, D) by angles given per position: cos, sin (B, 1, T, D/2).
     Rotate-half convention (as in Qwen/LLaMA): pairs are (i, i + D/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)  # in float32 whatever x is, rounded once (as cuda.kv_inject)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -172,6 +171,13 @@ class Transformer(nn.Module):
     def _init_weights(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def _apply(self, fn, *args, **kwargs):
+        # model.to(bfloat16) would round the RoPE tables too: keep them float32 (cuda.kv_inject
+        # requires it, and bf16's 8 bits cannot tell the angles of nearby positions apart)
+        super()._apply(fn, *args, **kwargs)
+        self.rope_cos, self.rope_sin = self.rope_cos.float(), self.rope_sin.float()
+        return self
 
     def n_params(self):
         return sum(p.numel() for p in self.parameters())

@@ -116,3 +116,13 @@ def test_weights_hash_survives_bf16_and_sees_changes():
     sd2 = dict(sd)
     sd2["head.weight"] = sd["head.weight"] + 0.1
     assert h != weights_hash(m.cfg, sd2)
+
+
+def test_rope_tables_stay_float32_in_bfloat16():
+    """model.to(bfloat16) must not round the RoPE tables (cuda.kv_inject takes them in float32);
+    a bf16 forward still runs and rotates in float32."""
+    m = tiny_model().to(torch.bfloat16)
+    assert m.rope_cos.dtype == m.rope_sin.dtype == torch.float32
+    assert m.head.weight.dtype == torch.bfloat16
+    logits = m(torch.tensor([[1, 2, 3]]))[0]
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
