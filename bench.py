@@ -151,7 +151,7 @@ def find_or_train(args, methods, device, dtype):
               f"in the plan) ===", flush=True)
         dev = ["--device", device.type]
         if what == "data":
-            data.prepare()  # NOTE: train.py reads the bins from ./out/data whatever --out says
+            data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":
             import train
             train.main(train.get_parser().parse_args(["--preset", args.preset, "--out-path", target_path, "--minutes",

@@ -165,7 +165,10 @@ def bytes_per_token(enc, texts):
 # -----------------------------------------------------------------------------
 # token bins
 
-def prepare(out_dir="out", rebuild=False):
+DATA_OUT = os.path.join(ROOT, "out")  # the token bins are a cache shared by every run, beside the repo
+
+
+def prepare(out_dir=DATA_OUT, rebuild=False):
     """Encode the corpus into out_dir/data/{train,val}.bin (np.uint16, each document followed
     by <|endoftext|>); reused while the tokenizer hash and the corpus listing are unchanged."""
     data_dir = os.path.join(out_dir, "data")
@@ -210,7 +213,7 @@ def prepare(out_dir="out", rebuild=False):
         json.dump(meta, f, indent=1)
     return meta
 
-def load_tokens(split, out_dir="out"):
+def load_tokens(split, out_dir=DATA_OUT):
     meta = prepare(out_dir)
     return np.memmap(meta["paths"][split], dtype=np.uint16, mode="r")
 
@@ -304,7 +307,8 @@ if __name__ == "__main__":
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE ranks to keep (256 bytes + merges; specials come on top)")
     parser.add_argument("--measure", default="2048,4096,8192", help="when training: vocab sizes whose held-out bytes/token to report")
     parser.add_argument("--bpe-every", type=int, default=1, help="train the BPE on every k-th train file (1: all 57 MB, ~50 s; 3: ~20 s, 0.5%% worse)")
-    parser.add_argument("--out-dir", default="out", help="where data/{train,val}.bin and meta.json go")
+    parser.add_argument("--out-dir", default=DATA_OUT, help="where data/{train,val}.bin and meta.json go "
+                        "(default: out/ in the repository, where train.py looks)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bins even if they look up to date")
     args = parser.parse_args()
 

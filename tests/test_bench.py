@@ -9,25 +9,14 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-import torch
 
 import bench
-import data
-from model import Config, PRESETS, Transformer, save_checkpoint
+from test_model import save_tiny
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tokens_per_s": float, "speedup": float,
                "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
                "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "drafter_params": int}
 EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
-
-
-def save_tiny(path, seed, **overrides):
-    """A random model of the tiny preset in train.py's checkpoint format."""
-    torch.manual_seed(seed)
-    cfg = Config(vocab_size=data.get_encoding().n_vocab, **{**PRESETS["tiny"], **overrides})
-    model = Transformer(cfg)
-    save_checkpoint(str(path), dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
-                                    mtp_state_dict=None, tokenizer=data.tokenizer_hash(), args={}))
 
 
 @pytest.fixture(scope="module")

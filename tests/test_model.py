@@ -17,6 +17,15 @@ def tiny_model(seed=0, vocab=97):
     return m
 
 
+def save_tiny(path, seed=0, tokenizer=None, **overrides):
+    """A random model of the tiny preset at the real vocabulary, in train.py's checkpoint format."""
+    import data
+    torch.manual_seed(seed)
+    cfg = Config(vocab_size=data.get_encoding().n_vocab, **{**PRESETS["tiny"], **overrides})
+    save_checkpoint(str(path), dict(kind="target", config=cfg.__dict__, state_dict=Transformer(cfg).state_dict(),
+                                    mtp_state_dict=None, tokenizer=tokenizer or data.tokenizer_hash(), args={}))
+
+
 def naive_logits(m, ids):
     return m(torch.tensor([ids]))[0][0]  # (T, V)
 

@@ -5,19 +5,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import data
 import train
-from model import Config, PRESETS, Transformer, load_target, save_checkpoint, load_checkpoint
+from model import load_target, save_checkpoint, load_checkpoint
+from test_model import save_tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def save_tiny(path, tokenizer=None):
-    cfg = Config(vocab_size=data.get_encoding().n_vocab, **PRESETS["tiny"])
-    save_checkpoint(str(path), dict(kind="target", config=cfg.__dict__, state_dict=Transformer(cfg).state_dict(),
-                                    tokenizer=tokenizer or data.tokenizer_hash(), args={}))
 
 
 def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):

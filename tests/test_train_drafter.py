@@ -8,7 +8,7 @@ import data
 import speculate
 import train_drafter
 from model import load_target
-from test_bench import save_tiny  # a random tiny target in train.py's checkpoint format
+from test_model import save_tiny  # a random tiny target in train.py's checkpoint format
 
 ARGS = ["--n-seqs", "8", "--n-val-seqs", "4", "--prompt-len", "16", "--gen-len", "24", "--max-steps", "3",
         "--minutes", "5", "--batch-size", "4", "--eval-every", "2", "--threads", "1"]
