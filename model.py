@@ -56,7 +56,9 @@ PRESETS = {
 
 
 def rms_norm(x, weight, eps):
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # weight in x's dtype: under bf16 autocast x is bf16 and the weight float32, and a mixed
+    # pair falls back from the fused kernel (with a warning); a no-op in float32
+    return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
 
 
 class RMSNorm(nn.Module):
@@ -173,10 +175,13 @@ class Transformer(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def _apply(self, fn, *args, **kwargs):
-        # model.to(bfloat16) would round the RoPE tables too: keep them float32 (cuda.kv_inject
-        # requires it, and bf16's 8 bits cannot tell the angles of nearby positions apart)
+        # model.to(bfloat16) would round the RoPE tables too: keep the exact float32 ones and
+        # only move them (cuda.kv_inject requires float32, and bf16's 8 bits cannot tell the
+        # angles of nearby positions apart)
+        cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, *args, **kwargs)
-        self.rope_cos, self.rope_sin = self.rope_cos.float(), self.rope_sin.float()
+        dev = self.rope_cos.device
+        self.rope_cos, self.rope_sin = cos.to(dev, torch.float32), sin.to(dev, torch.float32)
         return self
 
     def n_params(self):

@@ -39,6 +39,11 @@ from pathlib import Path
 
 import torch
 
+# NOTE: NVIDIA's cuda-python (cuda.bindings, cuda.pathfinder), which CUDA builds of torch import
+# for some ops, is a namespace package of the same name. Run from the repository root, this
+# folder wins the name; extending __path__ keeps `import cuda.bindings` working beside it.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
 ENV = "DFLASH_CUDA_EXT"
 HERE = Path(__file__).resolve().parent
 BUILD_ROOT = HERE.parent / "out" / "cuda_build"  # out/ is git-ignored

@@ -20,10 +20,13 @@
 // and rounds each prefix to float32 the same way, so the prefixes are the same doubles up to
 // reassociation inside a tile (~1e-16 relative). They can round to a different float32 only
 // when a prefix sits within ~1e-16 of a float32 rounding boundary, and that only matters when
-// u * total lands between the two candidates: we have never seen it, but it is not impossible.
+// u * total lands between the two candidates: rare, but not impossible.
 // The tests make it impossible: their probabilities are multiples of 2^-16, so every partial
 // sum is exact in float32 and all orders agree bit for bit. The host path (ext.cpp) is
 // sequential like torch's and exact on any input.
+// On GPU tensors the reference itself differs again: torch.cumsum on CUDA scans in float32, in
+// parallel. All three are the same sampler up to float rounding; bit-equality is promised
+// against the CPU reference.
 //
 // Kernel versions:
 //   kernel1  one block per row. Greedy: positions in order, one block argmax per position, and
@@ -43,6 +46,7 @@
 // tensors are unpacked and checked in ext.cpp, which passes raw pointers and workspaces.
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
@@ -243,6 +247,7 @@ void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* dra
                       int64_t* n, int64_t* next, int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V,
                       int version, int device) {
   if (B == 0) return;  // a launch with zero blocks is an error
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // launch on the tensors' GPU
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
   if (u != nullptr) {
     accept_sample_kernel1<<<B, kThreads, 0, stream>>>((const float*)p, drafts, q, u, n, next, (int)K, V);

@@ -31,6 +31,7 @@
 // tensors are unpacked and checked in ext.cpp, which passes raw pointers.
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
@@ -84,6 +85,7 @@ static void launch1(void* cache_k, void* cache_v, const void* new_k, const void*
   if (N == 0) return;  // a launch with zero blocks is an error
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);  // grid-stride covers the rest
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // launch on the tensors' GPU
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
   kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
       (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v, offsets, counts, cos,

@@ -191,6 +191,21 @@ def test_dflash_end_to_end_host_equals_reference(ext, dtype, monkeypatch):
     assert host == dflash_outputs("cpu", dtype, "0", monkeypatch)
 
 
+def test_nvidia_cuda_namespace_still_imports(tmp_path):
+    """CUDA builds of torch import NVIDIA's cuda.bindings, a namespace package named like this
+    one; both import orders must leave cuda.bindings and cuda.kv_inject reachable."""
+    import subprocess
+    import sys
+    (tmp_path / "cuda" / "bindings").mkdir(parents=True)
+    (tmp_path / "cuda" / "bindings" / "__init__.py").write_text("VERSION = 'fake'\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for order in ("import cuda, cuda.bindings", "import cuda.bindings, cuda"):
+        code = f"{order}; assert cuda.bindings.VERSION == 'fake' and callable(cuda.kv_inject)"
+        r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_stale_build_lock_is_removed(tmp_path):
     lock = tmp_path / "lock"
     lock.touch()

@@ -2,7 +2,7 @@
 import torch
 import pytest
 
-from model import Config, PRESETS, Transformer, generate, save_checkpoint, load_checkpoint, weights_hash
+from model import Config, PRESETS, Transformer, generate, rope_table, save_checkpoint, load_checkpoint, weights_hash
 
 
 def tiny_model(seed=0, vocab=97):
@@ -131,7 +131,9 @@ def test_rope_tables_stay_float32_in_bfloat16():
     """model.to(bfloat16) must not round the RoPE tables (cuda.kv_inject takes them in float32);
     a bf16 forward still runs and rotates in float32."""
     m = tiny_model().to(torch.bfloat16)
-    assert m.rope_cos.dtype == m.rope_sin.dtype == torch.float32
+    cos, sin = rope_table(m.cfg)
+    assert torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)  # not rounded, not just widened
     assert m.head.weight.dtype == torch.bfloat16
     logits = m(torch.tensor([[1, 2, 3]]))[0]
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    assert torch.equal(m.float().rope_cos, cos)  # and back
