@@ -55,9 +55,10 @@ def feature_layers(n_layer, n_features):
 
 class DFlash(nn.Module):
 
-    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, mask_id=None):
+    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, gamma=None, mask_id=None):
         super().__init__()
         self.cfg, self.block_size, self.anchors = cfg, block_size, anchors
+        self.gamma = gamma or GAMMA.get(block_size, 7.0)  # loss decay along the block
         self.n_layer, self.n_features = n_layer, n_features
         self.hidden_layers = feature_layers(cfg.n_layer, n_features)
         self.mask_id = cfg.vocab_size - 1 if mask_id is None else mask_id  # <|mask|> is the last id
@@ -72,7 +73,7 @@ class DFlash(nn.Module):
 
     def config_dict(self):
         return dict(n_layer=self.n_layer, n_features=self.n_features, block_size=self.block_size,
-                    anchors=self.anchors, mask_id=self.mask_id)
+                    anchors=self.anchors, gamma=self.gamma, mask_id=self.mask_id)
 
     def context(self, feats):
         """Target features (B, T, n*C) -> context features c (B, T, C)."""
@@ -155,8 +156,7 @@ class DFlash(nn.Module):
         valid = lab_pos < T
         labels = tokens.gather(1, lab_pos.clamp(max=T - 1).flatten(1)).view(B, A, S - 1)
         logits = logits[:, :, 1:]
-        gamma = GAMMA.get(S, 7.0)
-        w = torch.exp(-(slot[1:] - 1).float() / gamma)[None, None].expand(B, A, S - 1) * valid
+        w = torch.exp(-(slot[1:] - 1).float() / self.gamma)[None, None].expand(B, A, S - 1) * valid
         ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view(B, A, S - 1)
         loss = (ce * w).sum() / w.sum()
         hit = (logits.argmax(-1) == labels) & valid

@@ -83,7 +83,7 @@ def make_drafter_model(method, target, args):
     if method == "dflash":
         import draft_diffusion
         return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers, n_features=args.dflash_features,
-                                      block_size=args.block_size, anchors=args.anchors)
+                                      block_size=args.block_size, anchors=args.anchors, gamma=args.loss_decay)
     raise ValueError(f"unknown method {method!r}; choose mtp, eagle or dflash")
 
 
@@ -201,6 +201,8 @@ def get_parser():
     g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
     g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size B (drafts B-1 tokens)")
+    g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's loss weight is "
+                   "exp(-(k-1)/GAMMA) (default: the paper's 7 for B = 16, 5 for 10, 4 for 8)")
     g.add_argument("--anchors", type=int, default=8,
                    help="dflash: anchors (blocks) per sequence per step. Few anchors, many steps: on the cpu "
                         "preset 8 reached agreement 0.23 in 6 min where 32 reached 0.13 (the paper's many "

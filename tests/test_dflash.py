@@ -66,6 +66,24 @@ def test_loss_with_given_anchors_counts_only_real_labels():
 
 
 @torch.no_grad()
+def test_loss_decay_gamma_weights_the_block_positions():
+    """gamma -> 0 leaves only block position 1 in the loss, gamma -> inf weights all equally."""
+    import torch.nn.functional as F
+    target, df = setup()
+    tokens = torch.randint(0, 97, (2, 20))
+    feats = feats_of(target, df, tokens)
+    anchors = torch.tensor([[1, 18], [5, 10]])  # 18: only position 1 has a label
+    logits, pos = df.train_logits(target, tokens, feats, anchors)
+    labels = tokens.gather(1, pos[:, :, 1:].clamp(max=19).flatten(1)).view(2, 2, -1)
+    ce = F.cross_entropy(logits[:, :, 1:].flatten(0, 2), labels.flatten(), reduction="none").view(2, 2, -1)
+    valid = pos[:, :, 1:] < 20
+    for gamma, want in ((1e-3, ce[:, :, 0].mean()), (1e9, ce[valid].mean())):
+        df.gamma = gamma
+        assert torch.allclose(df.loss(target, tokens, feats, anchors)[0], want, atol=1e-5), gamma
+    assert DFlash(target.cfg, block_size=16).gamma == 7.0 and DFlash(target.cfg, gamma=3.0).config_dict()["gamma"] == 3.0
+
+
+@torch.no_grad()
 def test_context_strictly_before_anchor_and_block_bidirectional():
     target, df = setup(1)
     S = df.block_size
