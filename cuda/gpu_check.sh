@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the CUDA extension has to show on a GPU, in one go (a few minutes on an H200):
+# Everything the CUDA extension has to show on a GPU, in one go:
 #
 #   bash cuda/gpu_check.sh [LOG_DIR]        # logs go to LOG_DIR, else $OUT, else out/gpu_check
 #
@@ -10,7 +10,8 @@
 # 4. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
 #    train for ~15 min): ar and dflash with the kernels on and off (DFLASH_CUDA_EXT=1 / 0),
 #    then bfloat16 with the kernels on
-# Every step runs even if an earlier one fails; the exit status is non-zero if any failed.
+# Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
+# GPU lease); the exit status is non-zero if any failed. Expect ~5-8 min on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:-${OUT:-out/gpu_check}}
@@ -18,23 +19,23 @@ mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 failed=0
 
-step() {  # step NAME CMD...: run CMD, log its output to LOG/NAME.txt and to the terminal
-  local name=$1
-  shift
+step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NAME.txt and the terminal
+  local name=$1 limit=$2
+  shift 2
   echo "== $*" | tee "$LOG/$name.txt"
   local t0=$SECONDS
-  "$@" 2>&1 | tee -a "$LOG/$name.txt"
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG/$name.txt"
   local rc=${PIPESTATUS[0]}
   echo "== exit $rc after $((SECONDS - t0)) s" | tee -a "$LOG/$name.txt"
   [ "$rc" -eq 0 ] || failed=1
 }
 
-step env bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; nvcc --version | tail -2'
-step selfcheck python -m cuda
-step tests python -m pytest -q -rs tests/test_cuda.py
-B="python bench.py --device cuda --preset cpu --methods ar,dflash --repeats 3"
-step bench_fused env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
-step bench_ref env DFLASH_CUDA_EXT=0 $B --json "$LOG/bench_ref.json"
-step bench_bf16 env DFLASH_CUDA_EXT=1 $B --dtype bfloat16 --temperatures 0
+step env 60 bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; nvcc --version | tail -2'
+step selfcheck 300 python -m cuda
+step tests 300 python -m pytest -q -rs tests/test_cuda.py
+B="python bench.py --device cuda --preset cpu --methods ar,dflash"
+step bench_fused 240 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
+step bench_ref 240 env DFLASH_CUDA_EXT=0 $B --json "$LOG/bench_ref.json"
+step bench_bf16 240 env DFLASH_CUDA_EXT=1 $B --dtype bfloat16 --temperatures 0
 echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')"
 exit $failed
