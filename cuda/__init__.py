@@ -75,8 +75,7 @@ def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     valid = t[None, :] < counts[:, None]                              # (B, T_new) which t are real
     pos = (offsets[:, None] + t[None, :]).clamp(max=cos.shape[0] - 1)  # (B, T_new) absolute positions
     cs, sn = cos[pos][:, None], sin[pos][:, None]                     # (B, 1, T_new, D/2)
-    k = new_k.float().transpose(2, 3)                                 # (L, B, H, T_new, D)
-    k = apply_rope(k, cs, sn).to(cache_k.dtype)                       # broadcasts over L
+    k = apply_rope(new_k.transpose(2, 3), cs, sn)                     # (L, B, H, T_new, D), over L
     v = new_v.transpose(2, 3)                                         # (L, B, H, T_new, D)
     b_idx, t_idx = valid.nonzero(as_tuple=True)                       # the (b, t) pairs to write
     p_idx = pos[b_idx, t_idx]
