@@ -12,7 +12,6 @@ MTP modules and their drafter (mtp.py, DESIGN.md sec. 6; DeepSeek-V3, arXiv 2412
 """
 
 import math
-import os
 from functools import lru_cache
 
 import pytest
@@ -191,15 +190,11 @@ def test_losses_decrease_and_gradients_flow():
     assert all(b < 0.5 * a for a, b in zip(first, last)), (first, last)  # ln 97 = 4.6 -> memorised
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "out", "data", "train.bin")),
-                    reason="needs the token bins of data.py (out/data/*.bin); CI has none")
-def test_train_py_with_native_mtp_runs(tmp_path, monkeypatch):
+def test_train_py_with_native_mtp_runs(tmp_path):
     """train.py --preset tiny --mtp-depth 2 for 3 small steps, then its native heads draft."""
+    import data
     import train
-    monkeypatch.chdir(ROOT)  # train.py reads out/data/ relative to the repo
+    data.prepare()  # token bins into <repo>/out/data (about 10 s the first time, cached after)
     path = str(tmp_path / "target.pt")
     args = train.get_parser().parse_args(
         ["--preset", "tiny", "--mtp-depth", "2", "--max-steps", "3", "--minutes", "5", "--batch-size", "2",
