@@ -337,9 +337,11 @@ def print_table(results, sweep, sizes, T0, n_prompts):
             print(f"  {r['method']:7s} T={r['temperature']:<4g} |{bars(a)}| alpha_1 {a[0]:.2f} ... alpha_{len(a)} "
                   f"{a[-1]:.2f}, E = 1 + sum = {1 + sum(a):.2f}")
     if sweep:
-        print(f"\nbatch sweep at T={T0:g} (tokens/s, speedup vs ar at the same batch size)")
+        print(f"\nbatch sweep at T={T0:g} (tokens/s, speedup vs ar at the same batch size"
+              + (", * = output differs from ar's)" if T0 == 0 else ")"))
         for bs in sizes:
             print(f"  batch {bs:3d}: " + " | ".join(f"{s['method']} {s['tokens_per_s']:.0f} tok/s {s['speedup']:.2f}x"
+                                                 + ("*" if s["lossless"] is False else "")
                                                  for s in sweep if s["batch_size"] == bs))
 
 
@@ -463,12 +465,14 @@ def main(argv=None):
                 print(f"{m:7s} T={T:g}: {stats[m, T]['wall_s']:.2f} s, tau {stats[m, T]['tau']:.2f}", flush=True)
         sweep = []
         for bs in sizes:
-            base = None
-            for m, d in drafters.items():
+            base = base_out = None
+            for m, d in drafters.items():  # ar first: the baseline for speed and, at T = 0, for the tokens
                 o, st = measure(target, d, prompts, Ks[m], temps[0], args, bs)
-                base = base or st
+                base, base_out = base or st, base_out or o
+                mism = sum(x != y for x, y in zip(o, base_out)) if temps[0] == 0 else 0
                 sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], wall_s=st["wall_s"],
-                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=base["wall_s"] / st["wall_s"]))
+                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=base["wall_s"] / st["wall_s"],
+                                  lossless=(mism == 0) if temps[0] == 0 else None, mismatches=mism))
                 print(f"sweep batch {bs:3d} {m:7s}: {st['wall_s']:.2f} s", flush=True)
     except ValueError as e:  # generate's own checks (e.g. context length)
         die(str(e))

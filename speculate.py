@@ -359,7 +359,9 @@ def load_drafter(method, target, out_dir, **kw):
 if __name__ == "__main__":
     import os
     parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.")
-    parser.add_argument("--ckpt", default="out/cpu/target.pt", help="target checkpoint; drafters are looked up beside it")
+    from data import ROOT
+    parser.add_argument("--ckpt", default=os.path.join(ROOT, "weights", "cpu", "target.pt"),
+                        help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")
     parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)}")
     parser.add_argument("--prompt", default="def parse(", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
@@ -368,13 +370,14 @@ if __name__ == "__main__":
     parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--check", action="store_true", help="also run plain decoding and compare (greedy)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     args = parser.parse_args()
 
     from data import get_encoding
     from model import load_target
     enc = get_encoding()
     try:
-        target = load_target(args.ckpt)
+        target = load_target(args.ckpt, device=args.device)
         drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
         K = args.draft_len or getattr(drafter, "default_K", 4)
         prompt = enc.encode_ordinary(args.prompt)

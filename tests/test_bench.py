@@ -9,6 +9,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 import bench
 from test_model import save_tiny
@@ -63,6 +64,8 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
         else:
             assert len(r["acceptance_per_position"]) == 3
     assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
+    # the sweep runs at the first temperature (0 here), so each row is checked against ar at its batch size
+    assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])
     root = ET.parse(svg).getroot()  # well-formed XML
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
@@ -93,3 +96,23 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     with pytest.raises(SystemExit) as e:
         bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--prompts", str(long)])
     assert e.value.code == 2 and "prompt 2" in capsys.readouterr().err
+
+
+def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_path, monkeypatch, capsys):
+    # a verifier that accepts every draft is fast and wrong: both the table and the sweep must say so
+    import speculate
+
+    def accept_all(p, drafts, q=None, uniforms=None):
+        n = torch.full((drafts.shape[0],), drafts.shape[1], dtype=torch.long)
+        return n, p[:, -1].argmax(-1)
+    monkeypatch.setattr(speculate, "accept_scan", accept_all)
+    js = tmp_path / "bench.json"
+    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,draft", "--temperatures", "0",
+                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "2",
+                "--json", str(js)])
+    out = capsys.readouterr().out
+    report = json.loads(js.read_text())
+    draft, sweep = report["results"][1], report["batch_sweep"][1]
+    assert draft["method"] == sweep["method"] == "draft"
+    assert draft["lossless"] is False and draft["mismatches"] > 0 and "NO (" in out
+    assert sweep["lossless"] is False and sweep["mismatches"] > 0 and "draft" in out and "x*" in out

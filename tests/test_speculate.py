@@ -440,3 +440,24 @@ def test_bad_input_raises_clear_errors():
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
     assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
+
+
+# -----------------------------------------------------------------------------
+# the command line, on the committed reference weights
+
+def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "speculate.py"), "--device", "cpu"]
+    r = subprocess.run(cmd + ["--method", "dflash", "--prompt", "def parse(line):", "--max-new-tokens", "24", "--check"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "def parse(line):" in r.stdout and "[dflash K=15] tau" in r.stdout
+    assert "greedy output identical to plain decoding: True" in r.stdout
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    for extra, message in [(["--ckpt", str(tmp_path / "bad.pt")], "not a readable checkpoint"),
+                           (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt")]:
+        r = subprocess.run(cmd + extra, cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
