@@ -137,7 +137,7 @@ def find_or_train(args, methods, device, dtype):
         return target, target_path, {m: d for m, d in found.items() if d}, \
             [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
     todo = ["target"] * (target is None) + [m for m in wanted if not found[m]]
-    if todo and not os.path.exists(os.path.join("out", "data", "meta.json")):
+    if todo and not os.path.exists(os.path.join(data.DATA_OUT, "data", "meta.json")):
         todo.insert(0, "data")
     first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
     cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
@@ -225,7 +225,8 @@ def predicted_speedup(st, ar):
     costs t_draft + t_verify (this method's measured draft and verify seconds per pass), while
     plain decoding commits 1 token per pass at t_ar (ar's wall seconds per pass). So
         predicted = E * t_ar / (t_draft + t_verify).
-    It leaves out the loop's bookkeeping, which is why it can exceed the measured speedup."""
+    It leaves out the loop's bookkeeping, which is why it can exceed the measured speedup, and at
+    batch > 1 the passes in which rows that are already done ride along (E is per active row)."""
     E = 1 + sum(st["alpha"])
     t_ar = ar["wall_s"] / ar["verify_passes"]
     return E * t_ar / ((st["draft_s"] + st["verify_s"]) / st["verify_passes"])
