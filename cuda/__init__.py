@@ -18,17 +18,22 @@ and tests the same binding. Which path runs, by tensor device and DFLASH_CUDA_EX
     DFLASH_CUDA_EXT   CUDA tensors            CPU tensors
     unset / 1         extension (else ref)    reference (no build: cheap)
     host              extension (else ref)    extension's host loops (else ref)
+    emu               reference               the CUDA kernels emulated on CPU threads (cuda/emu.h)
     0                 reference               reference
 
 The first use of each path prints one line saying which path is active and why.
 
     python -m cuda            # build, validate every op and kernel version, time them
+    python -m cuda --emu      # the same validation of the CUDA kernels' code on a CPU (load_emu)
 
-Size: about 1000 lines in all against DESIGN's ~400, because every op exists three times on
-purpose (kernel, bit-exact host loop for CI, reference) and the self-check is llm.c-style.
+Size: about 1400 lines in all against DESIGN's ~400, because every op exists three times on
+purpose (kernel, bit-exact host loop for CI, reference), the self-check is llm.c-style, and
+emu.h (~220 lines) lets machines without a GPU run the kernels' own code: no session of this
+project has had a GPU so far.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,21 +129,26 @@ def _wait_for_stale_lock(build_dir):
         time.sleep(1.0)
 
 
-def _build(verbose=False):
-    """Compile and import the extension; raises with a readable reason."""
-    from torch.utils import cpp_extension
-    with_cuda = torch.cuda.is_available()
-    name = "dflash_ext_cuda" if with_cuda else "dflash_ext_host"
+def _build_dir(name):
+    """out/cuda_build/<name>, once the tools a build needs are known to exist."""
     if shutil.which("ninja") is None:
         raise RuntimeError("ninja not found (pip install ninja)")
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler ({cxx!r} not on PATH)")
-    if with_cuda and cpp_extension.CUDA_HOME is None:
-        raise RuntimeError("a CUDA device but no CUDA toolkit (nvcc) found; set CUDA_HOME")
     build_dir = BUILD_ROOT / name
     build_dir.mkdir(parents=True, exist_ok=True)
     _wait_for_stale_lock(build_dir)
+    return build_dir
+
+
+def _build(verbose=False):
+    """Compile and import the extension; raises with a readable reason."""
+    from torch.utils import cpp_extension
+    with_cuda = torch.cuda.is_available()
+    if with_cuda and cpp_extension.CUDA_HOME is None:
+        raise RuntimeError("a CUDA device but no CUDA toolkit (nvcc) found; set CUDA_HOME")
+    build_dir = _build_dir(name := "dflash_ext_cuda" if with_cuda else "dflash_ext_host")
     # -ffp-contract=off: no FMA contraction, so the host loops round like PyTorch does
     cflags = ["-O3", "-ffp-contract=off"] + (["-DWITH_CUDA"] if with_cuda else [])
     sources = [str(HERE / "ext.cpp")] + ([str(s) for s in CU_SOURCES] if with_cuda else [])
@@ -170,12 +180,48 @@ def build_error():
     return _ext_error
 
 
+_emu = None  # the emulated build, once loaded
+
+
+def load_emu(verbose=False):
+    """The extension with the CUDA kernels compiled by g++ and run on CPU threads (header of
+    cuda/emu.h): CPU tensors go through the kernels' own code. For the tests and `python -m
+    cuda --emu` on machines without a GPU; the engine never uses it. Raises if it cannot build.
+    Each .cu is copied into the build folder with two textual edits (its c10/cuda includes
+    dropped, launches rewritten to emu::Launch) and compiled with emu.h included first."""
+    global _emu
+    if _emu is None:
+        from torch.utils import cpp_extension
+        build_dir = _build_dir("dflash_ext_emu")
+        sources = [str(HERE / "ext.cpp")]
+        for src in CU_SOURCES:
+            text = re.sub(r"^#include <c10/cuda/.*$", "", src.read_text(), flags=re.M)  # lines kept: same numbers
+            text = re.sub(r"(\w+(?:<\w+>)?)<<<(.*?)>>>\(", r"emu::Launch(\2).run(\1, ", text)
+            text = f'#include "{HERE / "emu.h"}"\n#line 1 "{src}"\n' + text  # errors point into the .cu
+            dst = build_dir / f"{src.stem}_emu.cpp"
+            if not dst.exists() or dst.read_text() != text:  # an unchanged file keeps ninja's cache
+                dst.write_text(text)
+            sources.append(str(dst))
+        flags = ["-O2", "-ffp-contract=off", "-DWITH_CUDA", "-DDFLASH_EMU"]
+        _emu = cpp_extension.load(name="dflash_ext_emu", sources=sources, extra_cflags=flags,
+                                  build_directory=str(build_dir), verbose=verbose)
+    return _emu
+
+
 def active_path(device):
     """('extension' | 'reference', reason) for tensors on `device`; may build the extension."""
     device = torch.device(device)
     mode = os.environ.get(ENV, "1").strip().lower()
     if mode == "0":
         return "reference", f"forced by {ENV}=0"
+    if mode == "emu":  # the kernels' own code on CPU threads: for tests, slow
+        if device.type != "cpu":
+            return "reference", f"{ENV}=emu emulates the kernels for CPU tensors only"
+        try:
+            load_emu()
+        except Exception as e:
+            return "reference", f"emulation build failed: {str(e).strip().splitlines()[-1][:200]}"
+        return "emulation", "the CUDA kernels run on CPU threads (cuda/emu.h)"
     if device.type == "cpu" and mode != "host":
         return "reference", f"CPU tensors (no build; {ENV}=host runs the extension's host loops)"
     if device.type not in ("cpu", "cuda"):
@@ -190,7 +236,7 @@ def active_path(device):
 def _pick(device, op):
     path, why = active_path(device)
     _announce(f"{op} on {torch.device(device).type} uses the {path} path ({why})")
-    return _ext if path == "extension" else None
+    return {"extension": _ext, "emulation": _emu}.get(path)
 
 
 # -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Exits non-zero on any mismatch. On a machine without a GPU it checks and times t
 
     python -m cuda                      # every op, every version, on cuda if present else cpu
     python -m cuda --op accept_scan --device cpu --repeat 50
+    python -m cuda --emu                # every kernel's own code, run on CPU threads (cuda/emu.h); no timing
 
 The case builders here are shared with tests/test_cuda.py.
 """
@@ -99,6 +100,8 @@ def mismatches(a, b):
 
 
 def median_ms(fn, device, repeat):
+    if repeat == 0:  # not timed
+        return math.nan
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(3):  # warm-up
         fn()
@@ -159,13 +162,23 @@ def main():
     ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default 100 cuda, 20 cpu)")
+    ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on CPU threads "
+                    "(cuda/emu.h) instead of a build for the device; untimed")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = ap.parse_args()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    repeat = args.repeat or (100 if device.type == "cuda" else 20)
+    device = torch.device("cpu" if args.emu else args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    repeat = 0 if args.emu else args.repeat or (100 if device.type == "cuda" else 20)
     print(f"cuda self-check on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    ext = cuda.load(verbose=args.verbose)
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+          + (", CUDA kernels emulated (cuda/emu.h)" if args.emu else ""))
+    if args.emu:
+        try:
+            ext = cuda.load_emu(verbose=args.verbose)
+        except Exception as e:
+            print(f"cuda: emulation not built: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+            return 1
+    else:
+        ext = cuda.load(verbose=args.verbose)
     if ext is None:
         print(f"cuda: extension not built: {cuda.build_error()}")
         return 1
@@ -178,10 +191,10 @@ def main():
         for shape in KV_SHAPES + (BIG_SHAPES["kv_inject"] if big else []):
             for dtype in (torch.float32, torch.bfloat16):
                 r = check_kv_inject(ext, shape, dtype, device, repeat)
-                rows.append(("kv_inject", 1 if device.type == "cuda" else "host",
+                rows.append(("kv_inject", "emu1" if args.emu else 1 if device.type == "cuda" else "host",
                              "LBHDTt=" + "x".join(map(str, shape)), str(dtype)[6:], *r))
     if args.op in ("all", "accept_scan"):
-        versions = cuda.VERSIONS["accept_scan"] if device.type == "cuda" else ("host",)
+        versions = cuda.VERSIONS["accept_scan"] if device.type == "cuda" or args.emu else ("host",)
         for shape in ACCEPT_SHAPES + (BIG_SHAPES["accept_scan"] if big else []):
             for mode in ("greedy", "sample_q", "sample_argmax"):
                 for version in versions:
@@ -189,16 +202,17 @@ def main():
                         continue  # sampling has one kernel
                     r = check_accept_scan(ext, shape, mode, 1 if version == "host" else version,
                                           torch.float32, device, repeat)
-                    rows.append(("accept_scan", version, "BKV=" + "x".join(map(str, shape)), mode, *r))
-    head = f"{'op':<12} {'ver':>4} {'shape':<24} {'case':<14} {'dev':<5} {'mismatch':>8} {'max err':>8} " \
+                    rows.append(("accept_scan", f"emu{version}" if args.emu else version, "BKV=" + "x".join(map(str, shape)), mode, *r))
+    head = f"{'op':<12} {'ver':>5} {'shape':<24} {'case':<14} {'dev':<5} {'mismatch':>8} {'max err':>8} " \
            f"{'ref ms':>8} {'fused ms':>9} {'speedup':>8}"
     print(head)
     print("-" * len(head))
     failed = 0
     for op, ver, shape, case, bad, err, t_ref, t_ext in rows:
         failed += bad > 0
-        print(f"{op:<12} {ver!s:>4} {shape:<24} {case:<14} {device.type:<5} {bad:>8} {err:>8.1e} "
-              f"{t_ref:>8.3f} {t_ext:>9.3f} {t_ref / t_ext:>7.1f}x" + ("  MISMATCH" if bad else ""))
+        timing = f"{'-':>8} {'-':>9} {'-':>8}" if math.isnan(t_ext) else f"{t_ref:>8.3f} {t_ext:>9.3f} {t_ref / t_ext:>7.1f}x"
+        print(f"{op:<12} {ver!s:>5} {shape:<24} {case:<14} {device.type:<5} {bad:>8} {err:>8.1e} {timing}"
+              + ("  MISMATCH" if bad else ""))
     print(f"{len(rows)} rows, {failed} with mismatches" if failed else f"all {len(rows)} rows match the reference")
     return 1 if failed else 0
 

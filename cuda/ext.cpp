@@ -2,10 +2,12 @@
 // Python bindings. DESIGN.md sec. 7; the math is in kv_inject.cu and accept_scan.cu, whose
 // headers describe the two ops.
 //
-// The same file builds two variants (cuda/__init__.py picks one):
+// The same file builds three variants (cuda/__init__.py picks one):
 //   - without WITH_CUDA (g++ only, no nvcc): CPU tensors run the plain loops below, so CI
 //     builds and tests the binding, the checks and the semantics on any machine;
-//   - with -DWITH_CUDA, linked with the two .cu files: CUDA tensors go to the kernels.
+//   - with -DWITH_CUDA, linked with the two .cu files: CUDA tensors go to the kernels;
+//   - with -DWITH_CUDA -DDFLASH_EMU, linked with the .cu files compiled by g++ under cuda/emu.h:
+//     CPU tensors go to the kernels, run on CPU threads (cuda.load_emu; tests only).
 // The host loops are written to be BIT-EXACT with the PyTorch references on CPU: same float
 // operations in the same order, no FMA contraction (the build passes -ffp-contract=off),
 // and the inverse-CDF running sum accumulated in double like torch.cumsum on CPU.
@@ -32,6 +34,11 @@ void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void*
 void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts, const float* q, const float* u,
                       int64_t* n, int64_t* next, int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V,
                       int version, int device);
+#ifdef DFLASH_EMU  // the kernels run on the CPU under cuda/emu.h (tests only): CPU tensors take them
+static bool on_kernels(const at::Tensor&) { return true; }
+#else
+static bool on_kernels(const at::Tensor& t) { return t.is_cuda(); }
+#endif
 #endif
 
 // -----------------------------------------------------------------------------
@@ -97,7 +104,7 @@ void kv_inject(at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& new_k,
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&cache_k, &cache_v, &new_k, &new_v, &offsets, &counts, &cos, &sin})
     TORCH_CHECK(t->is_contiguous(), "kv_inject: all tensors must be contiguous");
 #ifdef WITH_CUDA
-  if (cache_k.is_cuda()) {
+  if (on_kernels(cache_k)) {
     // NOTE: offsets/counts live on the GPU; checking them here would cost a host sync per
     // call. The kernel checks them instead: a bad row is skipped (never an out-of-bounds
     // write) and raises a device-side assert, like torch's own index kernels.
@@ -228,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(const at::Tensor& p_in, const at:
   at::Tensor n = at::empty({B}, drafts.options());
   at::Tensor next = at::empty({B}, drafts.options());
 #ifdef WITH_CUDA
-  if (p.is_cuda()) {
+  if (on_kernels(p)) {
     at::Tensor best, tickets;  // kernel2's workspaces: per-(row, position) argmax, per-row counter
     if (greedy && version == 2) {
       TORCH_CHECK(B <= 65535, "accept_scan version 2: B = ", B, " exceeds gridDim.y; use version 1");
@@ -269,5 +276,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("with_cuda") = true;
 #else
   m.attr("with_cuda") = false;
+#endif
+#ifdef DFLASH_EMU
+  m.attr("emulated") = true;
+#else
+  m.attr("emulated") = false;
 #endif
 }

@@ -216,6 +216,118 @@ def test_stale_build_lock_is_removed(tmp_path):
 
 
 # -----------------------------------------------------------------------------
+# the CUDA kernels' own code, emulated on the CPU (cuda/emu.h): runs wherever g++ does
+
+@pytest.fixture(scope="module")
+def emu():
+    if shutil.which("ninja") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no ninja or C++ compiler to build the emulation")
+    return cuda.load_emu()  # with the tools present, a failed build is a failure, not a skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", KV_SHAPES + [(4, 7, 2, 64, 256, 16)])
+def test_kv_inject_emulated_kernel(emu, shape, dtype):
+    args = make_kv_case(*shape, dtype=dtype, seed=6)
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    emu.kv_inject(*args)  # kv_inject_kernel1, grid-stride over (l, b, t, h, i)
+    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu):
+    """Out-of-range offsets are checked in the kernel, not on the host (no sync): the row is
+    never written and a device-side assert is raised after the launch."""
+    args = make_kv_case(2, 3, 2, 16, 20, 4, seed=7)
+    args[4][1], args[5][1] = 18, 4  # row 1 would write slots 18..21 with T_max = 20
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    counts_ok = args[5].clone()
+    counts_ok[1] = 0
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:5], counts_ok, *args[6:])  # the same call without row 1
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        emu.kv_inject(*args)
+    assert args[0][:, 1].isnan().all() and args[1][:, 1].isnan().all()  # nothing of row 1 written
+    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+@pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES)
+def test_accept_scan_emulated_kernels(emu, shape, mode, version):
+    # quantized probabilities (exact=True), as on the GPU: the kernels scan in tiles, and only
+    # on such inputs is every summation order bit-identical (header of accept_scan.cu)
+    p, drafts, q, u = make_accept_case(*shape, mode, seed=8, exact=True)
+    n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+    n, nxt = emu.accept_scan(p, drafts, q, u, version)  # version 2 exists for greedy only
+    assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref)
+    if mode == "greedy":  # bf16 logits with NaNs: NaN is the maximum, the first NaN wins
+        p = p.bfloat16()
+        p[-1, 0, [5, 9]] = float("nan")
+        assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, None, None, version),
+                                                     cuda.accept_scan_ref(p, drafts)))
+
+
+def test_dflash_end_to_end_emulated_kernels(emu, monkeypatch):
+    """Greedy dflash on a ragged batch with both kernels' code in the loop (DFLASH_CUDA_EXT=emu)
+    equals the reference path and plain decoding."""
+    emulated = dflash_outputs("cpu", torch.float32, "emu", monkeypatch, check_plain=True)
+    assert cuda.active_path("cpu")[0] == "emulation"
+    assert emulated == dflash_outputs("cpu", torch.float32, "0", monkeypatch)
+
+
+EMU_PROGRAM = r"""
+#include "EMU_H"
+#include <cstdio>
+__global__ void block_sum(const int* x, int* out) {  // a shuffle tree per warp, then shared memory
+  __shared__ int partial[2];
+  int v = x[blockIdx.x * 64 + threadIdx.x];
+  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffff, v, off);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = partial[0] + partial[1];
+}
+__global__ void early_exit(int* out) {  // odd threads leave: the barrier must not wait for them
+  if (threadIdx.x % 2) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void divergent(int* out) {  // lane 0 at __syncthreads, lanes 1..31 at a shuffle
+  int v = threadIdx.x;
+  if (threadIdx.x == 0) __syncthreads();
+  else v = __shfl_down_sync(0xffffffff, v, 1);
+  out[threadIdx.x] = v;
+}
+int main() {
+  int x[3 * 64], sums[3], flags[64] = {0}, tmp[32];
+  for (int i = 0; i < 3 * 64; i++) x[i] = i;
+  emu::Launch(dim3(3), dim3(64)).run(block_sum, x, sums);
+  emu::Launch(dim3(1), dim3(64)).run(early_exit, flags);
+  int set = 0;
+  for (int i = 0; i < 64; i++) set += flags[i];
+  std::printf("sums %d %d %d set %d\n", sums[0], sums[1], sums[2], set);
+  try {
+    emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
+  } catch (const std::exception& e) {
+    std::printf("%s\n", e.what());
+  }
+}
+"""
+
+
+def test_emulator_runs_blocks_like_a_gpu_and_stops_at_a_divergent_barrier(tmp_path):
+    import subprocess
+    from torch.utils.cpp_extension import include_paths
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        pytest.skip("no C++ compiler")
+    (tmp_path / "t.cpp").write_text(EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")))
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{include_paths()[0]}", "t.cpp", "-o", "t"], cwd=tmp_path, check=True)
+    out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60).stdout
+    assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
+    assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
+
+
+# -----------------------------------------------------------------------------
 # the .cu files and the GPU
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

@@ -1,0 +1,221 @@
+// emu.h: run the kernels of kv_inject.cu and accept_scan.cu on the CPU, so that their logic is
+// tested on machines without a GPU (CI; most sessions of this project). Used by cuda.load_emu,
+// `python -m cuda --emu` and tests/test_cuda.py; never by the engine itself.
+//
+// cuda.load_emu compiles each .cu with g++ as C++ after two textual edits: `#include
+// <c10/cuda/...>` lines are dropped (this file stands in for them) and every launch
+// `kernel<<<grid, block, shmem, stream>>>(args)` becomes `emu::Launch(grid, block, shmem,
+// stream).run(kernel, args)`. The kernel bodies compile unchanged.
+//
+// The execution model, emulated, deterministically, on the calling thread:
+//   - a launch runs its blocks one after another (blockIdx.x fastest); the blockDim.x threads
+//     of a block are fibers (ucontext) that a scheduler resumes in turn until each returns or
+//     waits at a barrier: __syncthreads waits for every live thread of the block, a warp
+//     shuffle for every live lane of its warp (a value buffer between two warp barriers);
+//   - __shared__ variables become function-level statics: one copy, shared by the threads of
+//     the one block that is running;
+//   - a thread that returns from the kernel stops counting at the barriers (as on Volta and
+//     later GPUs), so a block whose threads leave together, as accept_greedy_kernel1's do,
+//     runs as on the GPU;
+//   - CUDA_KERNEL_ASSERT records the failure and the launch raises it afterwards, like a
+//     device-side assert (the kernel itself carries on, as its own guards expect).
+// A barrier that some threads never reach (a __syncthreads in divergent code, a shuffle that
+// part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so.
+//
+// What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
+// grid-stride and ticket patterns. What it cannot: the memory model across concurrent blocks,
+// real warp scheduling, timing, and the rounding of the GPU's own intrinsics (__fmul_rn and
+// friends become plain float arithmetic, which also rounds each operation since the build
+// passes -ffp-contract=off). Not reentrant (one launch at a time), and slow: one fiber switch
+// per thread per barrier. Fine for test shapes, meaningless for timing.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using std::isnan;
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+using cudaStream_t = void*;
+
+namespace emu {
+
+inline dim3 thread_idx, block_idx, block_dim, grid_dim;
+
+enum State { RUNNING, AT_SYNCTHREADS, AT_WARP_SYNC, EXITED };
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  State state;
+};
+inline std::vector<Fiber> fibers;
+inline ucontext_t scheduler;
+inline int current = -1;
+inline std::function<void()> block_body;     // the kernel call for the block that is running
+inline uint64_t shuffle_buffer[32][32];      // [warp][lane], one value of at most 8 bytes
+inline std::string assert_message;           // the first failed CUDA_KERNEL_ASSERT of the launch
+
+inline void wait(State s) {  // from a fiber: park at a barrier until the scheduler releases it
+  fibers[current].state = s;
+  swapcontext(&fibers[current].ctx, &scheduler);
+}
+
+inline void fiber_main() {
+  block_body();
+  fibers[current].state = EXITED;  // then uc_link returns to the scheduler
+}
+
+inline void device_assert(const char* cond, const char* file, int line) {
+  if (assert_message.empty())
+    assert_message = std::string(file) + ":" + std::to_string(line) + ": device-side assert failed: " + cond;
+}
+
+// one block: resume the runnable fibers in turn; once none is, release a barrier that all its
+// live threads have reached; if there is none, the block can never finish
+inline void run_block(int n) {
+  for (int t = 0; t < n; t++) {
+    Fiber& f = fibers[t];
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = &scheduler;
+    makecontext(&f.ctx, fiber_main, 0);
+    f.state = RUNNING;
+  }
+  for (;;) {
+    for (int t = 0; t < n; t++)
+      if (fibers[t].state == RUNNING) {
+        current = t, thread_idx = dim3(t);
+        swapcontext(&scheduler, &fibers[t].ctx);
+      }
+    int live = 0, at_sync = 0;
+    bool released = false;
+    for (int w = 0; w < n / 32; w++) {
+      int lanes = 0, at_warp = 0;
+      for (int t = 32 * w; t < 32 * w + 32; t++)
+        lanes += fibers[t].state != EXITED, at_warp += fibers[t].state == AT_WARP_SYNC;
+      if (at_warp > 0 && at_warp == lanes) {
+        for (int t = 32 * w; t < 32 * w + 32; t++)
+          if (fibers[t].state == AT_WARP_SYNC) fibers[t].state = RUNNING;
+        released = true;
+      }
+      live += lanes;
+    }
+    for (int t = 0; t < n; t++) at_sync += fibers[t].state == AT_SYNCTHREADS;
+    if (live == 0) return;
+    if (released) continue;
+    if (at_sync != live)
+      throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
+                               ") can never finish: " + std::to_string(at_sync) + " of " + std::to_string(live) +
+                               " live threads wait at __syncthreads, the rest at a warp shuffle (divergent barrier)");
+    for (int t = 0; t < n; t++)
+      if (fibers[t].state == AT_SYNCTHREADS) fibers[t].state = RUNNING;
+  }
+}
+
+// Launch(grid, block, shmem, stream).run(kernel, args...): every block, one after another
+struct Launch {
+  dim3 grid, block;
+  Launch(dim3 g, dim3 b, size_t = 0, cudaStream_t = nullptr) : grid(g), block(b) {}
+
+  template <typename Kernel, typename... Args>
+  void run(Kernel kernel, Args... args) {
+    if (block.y != 1 || block.z != 1 || block.x % 32 != 0 || block.x > 1024 || grid.z != 1)
+      throw std::runtime_error("emu: only 1-D blocks of a multiple of 32 threads and 2-D grids are emulated");
+    const int n = block.x;
+    block_dim = block, grid_dim = grid;
+    assert_message.clear();
+    fibers.resize(n);
+    for (Fiber& f : fibers) f.stack.resize(64 * 1024);
+    block_body = [&] { kernel(args...); };
+    for (unsigned by = 0; by < grid.y; by++)
+      for (unsigned bx = 0; bx < grid.x; bx++) {
+        block_idx = dim3(bx, by);
+        run_block(n);
+      }
+    if (!assert_message.empty()) throw std::runtime_error(assert_message);
+  }
+};
+
+}  // namespace emu
+
+#define threadIdx emu::thread_idx
+#define blockIdx emu::block_idx
+#define blockDim emu::block_dim
+#define gridDim emu::grid_dim
+
+inline void __syncthreads() { emu::wait(emu::AT_SYNCTHREADS); }
+
+// value of `lane`'s v within the calling thread's warp (all 32 lanes take part)
+template <typename T>
+T emu_shuffle(T v, int lane) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "emu: shuffles of at most 8 bytes");
+  const int w = threadIdx.x / 32;
+  std::memcpy(&emu::shuffle_buffer[w][threadIdx.x % 32], &v, sizeof(T));
+  emu::wait(emu::AT_WARP_SYNC);
+  T r = v;
+  if (lane >= 0 && lane < 32) std::memcpy(&r, &emu::shuffle_buffer[w][lane], sizeof(T));
+  emu::wait(emu::AT_WARP_SYNC);  // nobody overwrites the buffer before all have read
+  return r;
+}
+template <typename T>
+T __shfl_down_sync(unsigned, T v, int off) {  // lanes past the warp's end keep their own value
+  const int lane = threadIdx.x % 32 + off;
+  return emu_shuffle(v, lane < 32 ? lane : -1);
+}
+template <typename T>
+T __shfl_up_sync(unsigned, T v, int off) {
+  return emu_shuffle(v, (int)(threadIdx.x % 32) - off);
+}
+
+// one OS thread and fibers that switch only at barriers: a plain read-modify-write is atomic
+inline int atomicAdd(int* a, int v) {
+  const int old = *a;
+  *a = old + v;
+  return old;
+}
+inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
+  const unsigned long long old = *a;
+  if (v < old) *a = v;
+  return old;
+}
+inline void __threadfence() {}
+
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+
+#undef CUDA_KERNEL_ASSERT
+#define CUDA_KERNEL_ASSERT(cond) \
+  if (!(cond)) emu::device_assert(#cond, __FILE__, __LINE__)
+
+// stand-ins for the dropped c10/cuda headers
+namespace c10::cuda {
+struct CUDAGuard {
+  explicit CUDAGuard(c10::DeviceIndex) {}
+};
+inline cudaStream_t getCurrentCUDAStream(int = -1) { return nullptr; }
+}  // namespace c10::cuda
+#define C10_CUDA_KERNEL_LAUNCH_CHECK() ((void)0)  // Launch::run raises device asserts itself
