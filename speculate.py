@@ -95,11 +95,11 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
-    """The fused CUDA op when tensors live on a GPU and the extension builds, else the reference."""
-    if p.is_cuda:
-        import cuda
-        return cuda.accept_scan(p, drafts, q, uniforms)
-    return accept_scan_ref(p, drafts, q, uniforms)
+    """cuda.accept_scan: the fused op on a GPU when the extension builds, else this file's
+    reference (on CPU tensors by default, without building anything; DFLASH_CUDA_EXT=host or
+    emu sends them through the extension's host loop or the emulated kernel, for the tests)."""
+    import cuda
+    return cuda.accept_scan(p, drafts, q, uniforms)
 
 
 # -----------------------------------------------------------------------------

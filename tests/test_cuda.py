@@ -170,15 +170,24 @@ def test_env_host_uses_extension(ext, monkeypatch):
 
 def dflash_outputs(device, dtype, mode, monkeypatch, check_plain=False):
     """Greedy DFlash decoding of a ragged batch (a tiny random target and drafter) with the
-    given DFLASH_CUDA_EXT mode; optionally asserts that it equals plain decoding."""
+    given DFLASH_CUDA_EXT mode, checking that both ops reached the extension unless the mode is
+    0; optionally asserts that the output equals plain decoding."""
     import speculate
     from draft_diffusion import DFlashDrafter
     from test_dflash import setup
     target, df = setup(block_size=8)
     target, df = target.to(device, dtype), df.to(device, dtype)
     monkeypatch.setenv(cuda.ENV, mode)
+    calls = []
+    if mode != "0":  # count the calls that reach the built module: both ops must be in the loop
+        module = cuda.load_emu() if mode == "emu" else cuda.load()
+        for op in ("kv_inject", "accept_scan"):
+            fn = getattr(module, op)
+            monkeypatch.setattr(module, op, lambda *a, fn=fn, op=op: calls.append(op) or fn(*a))
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15]]
     outs, _ = speculate.generate(target, prompts, DFlashDrafter(target, df), max_new_tokens=24, K=7)
+    if mode != "0":
+        assert "kv_inject" in calls and "accept_scan" in calls, calls
     if check_plain:
         assert outs == speculate.generate(target, prompts, None, max_new_tokens=24)[0]
     return outs
