@@ -23,11 +23,12 @@
 // part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so.
 //
 // What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
-// grid-stride and ticket patterns. What it cannot: the memory model across concurrent blocks,
-// real warp scheduling, timing, and the rounding of the GPU's own intrinsics (__fmul_rn and
-// friends become plain float arithmetic, which also rounds each operation since the build
-// passes -ffp-contract=off). Not reentrant (one launch at a time), and slow: one fiber switch
-// per thread per barrier. Fine for test shapes, meaningless for timing.
+// grid-stride and ticket patterns, and the float results: __fmul_rn and friends round to
+// nearest like plain float arithmetic under -ffp-contract=off, and the scans add in the order
+// the GPU does, so the bits are the GPU's unless nvcc contracts an expression into an FMA (the
+// kernels leave none on a compared path). What it cannot: the memory model across concurrent
+// blocks, real warp scheduling, timing. Not reentrant (one launch at a time), and slow: one
+// fiber switch per thread per barrier. Fine for test shapes, meaningless for timing.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -264,6 +264,13 @@ def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu):
     assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
 
 
+def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(emu):
+    p, drafts, q, u = make_accept_case(2, 3, 97, "sample_q", seed=9)
+    drafts[1, 0] = 97  # sampling indexes p and q with the drafts: checked in the kernel, not on the host
+    with pytest.raises(RuntimeError, match="device-side assert.*in_range"):
+        emu.accept_scan(p, drafts, q, u, 1)
+
+
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", ACCEPT_SHAPES)
