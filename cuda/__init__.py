@@ -18,7 +18,7 @@ and tests the same binding. Which path runs, by tensor device and DFLASH_CUDA_EX
     DFLASH_CUDA_EXT   CUDA tensors            CPU tensors
     unset / 1         extension (else ref)    reference (no build: cheap)
     host              extension (else ref)    extension's host loops (else ref)
-    emu               reference               the CUDA kernels emulated on CPU threads (cuda/emu.h)
+    emu               reference               the CUDA kernels emulated on the CPU (cuda/emu.h)
     0                 reference               reference
 
 The first use of each path prints one line saying which path is active and why.
@@ -184,7 +184,7 @@ _emu = None  # the emulated build, once loaded
 
 
 def load_emu(verbose=False):
-    """The extension with the CUDA kernels compiled by g++ and run on CPU threads (header of
+    """The extension with the CUDA kernels compiled by g++ and emulated on the CPU (header of
     cuda/emu.h): CPU tensors go through the kernels' own code. For the tests and `python -m
     cuda --emu` on machines without a GPU; the engine never uses it. Raises if it cannot build.
     Each .cu is copied into the build folder with two textual edits (its c10/cuda includes
@@ -209,19 +209,19 @@ def load_emu(verbose=False):
 
 
 def active_path(device):
-    """('extension' | 'reference', reason) for tensors on `device`; may build the extension."""
+    """('extension' | 'emulation' | 'reference', reason) for tensors on `device`; may build."""
     device = torch.device(device)
     mode = os.environ.get(ENV, "1").strip().lower()
     if mode == "0":
         return "reference", f"forced by {ENV}=0"
-    if mode == "emu":  # the kernels' own code on CPU threads: for tests, slow
+    if mode == "emu":  # the kernels' own code, emulated on the CPU: for tests, slow
         if device.type != "cpu":
             return "reference", f"{ENV}=emu emulates the kernels for CPU tensors only"
         try:
             load_emu()
         except Exception as e:
             return "reference", f"emulation build failed: {str(e).strip().splitlines()[-1][:200]}"
-        return "emulation", "the CUDA kernels run on CPU threads (cuda/emu.h)"
+        return "emulation", "the CUDA kernels' code, emulated on the CPU (cuda/emu.h)"
     if device.type == "cpu" and mode != "host":
         return "reference", f"CPU tensors (no build; {ENV}=host runs the extension's host loops)"
     if device.type not in ("cpu", "cuda"):

@@ -7,7 +7,7 @@ Exits non-zero on any mismatch. On a machine without a GPU it checks and times t
 
     python -m cuda                      # every op, every version, on cuda if present else cpu
     python -m cuda --op accept_scan --device cpu --repeat 50
-    python -m cuda --emu                # every kernel's own code, run on CPU threads (cuda/emu.h); no timing
+    python -m cuda --emu                # every kernel's own code, emulated on the CPU (cuda/emu.h); no timing
 
 The case builders here are shared with tests/test_cuda.py.
 """
@@ -162,7 +162,7 @@ def main():
     ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default 100 cuda, 20 cpu)")
-    ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on CPU threads "
+    ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on the CPU "
                     "(cuda/emu.h) instead of a build for the device; untimed")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = ap.parse_args()

@@ -7,7 +7,7 @@
 //     builds and tests the binding, the checks and the semantics on any machine;
 //   - with -DWITH_CUDA, linked with the two .cu files: CUDA tensors go to the kernels;
 //   - with -DWITH_CUDA -DDFLASH_EMU, linked with the .cu files compiled by g++ under cuda/emu.h:
-//     CPU tensors go to the kernels, run on CPU threads (cuda.load_emu; tests only).
+//     CPU tensors go to the kernels, emulated on the CPU (cuda.load_emu; tests only).
 // The host loops are written to be BIT-EXACT with the PyTorch references on CPU: same float
 // operations in the same order, no FMA contraction (the build passes -ffp-contract=off),
 // and the inverse-CDF running sum accumulated in double like torch.cumsum on CPU.
