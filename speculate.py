@@ -370,7 +370,8 @@ if __name__ == "__main__":
     parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--check", action="store_true", help="also run plain decoding and compare (greedy)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda (default: cuda if available)")
     args = parser.parse_args()
 
     from data import get_encoding
