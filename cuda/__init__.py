@@ -223,7 +223,7 @@ def active_path(device):
             return "reference", f"emulation build failed: {str(e).strip().splitlines()[-1][:200]}"
         return "emulation", "the CUDA kernels' code, emulated on the CPU (cuda/emu.h)"
     if device.type == "cpu" and mode != "host":
-        return "reference", f"CPU tensors (no build; {ENV}=host runs the extension's host loops)"
+        return "reference", f"CPU tensors, no build; {ENV}=host runs the extension's host loops"
     if device.type not in ("cpu", "cuda"):
         return "reference", f"no kernels for {device.type} tensors"
     if load() is None:
