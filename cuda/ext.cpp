@@ -277,9 +277,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("with_cuda") = false;
 #endif
-#ifdef DFLASH_EMU
-  m.attr("emulated") = true;
-#else
-  m.attr("emulated") = false;
-#endif
 }
