@@ -45,7 +45,6 @@ import data
 from model import PRESETS, load_checkpoint, load_target, weights_hash
 from speculate import METHODS, generate, load_drafter
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
 MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
 # Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;
@@ -109,7 +108,7 @@ def find_or_train(args, methods, device, dtype):
     Looks in --weights DIR only (training nothing), else in the committed weights/<preset>,
     else in OUT/<preset>, and trains what is still missing."""
     wanted = [m for m in methods if m in CKPT]
-    ref_dir, out_dir = os.path.join(ROOT, "weights", args.preset), os.path.join(args.out, args.preset)
+    ref_dir, out_dir = os.path.join(data.WEIGHTS_DIR, args.preset), os.path.join(args.out, args.preset)
     target = None
     if args.weights:
         target_path, folders, train_dir = os.path.join(args.weights, "target.pt"), [args.weights], None

@@ -23,6 +23,7 @@ import tiktoken
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
+WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed reference checkpoints, weights/<preset>/
 # the cl100k_base split pattern exactly as tiktoken ships it, so its Rust regex accepts it:
 # words with one leading space/punctuation (" self", "_attn", ".append"), numbers of <= 3
 # digits, punctuation runs, newlines, and runs of indentation kept apart from the next word

@@ -321,28 +321,25 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Greedy continuation with the KV cache, checked against naive generate.")
-    from data import ROOT
-    parser.add_argument("--ckpt", default=os.path.join(ROOT, "weights", "cpu", "target.pt"),
+    from data import WEIGHTS_DIR
+    parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint (default: the committed cpu weights)")
     parser.add_argument("--prompt", default="def parse(", help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parser.add_argument("--export", default=None, metavar="DST",
                         help="instead: write --ckpt (any kind) to DST in bf16 without optimizer state")
     args = parser.parse_args()
-    if args.export:
-        try:
+    try:  # a missing, corrupt or foreign checkpoint is a one-line error
+        if args.export:
             export_checkpoint(args.ckpt, args.export)
-        except (ValueError, FileNotFoundError) as e:
-            raise SystemExit(f"error: {e}")
-        print(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
-        raise SystemExit(0)
-
-    from data import get_encoding
-    enc = get_encoding()
-    try:
+            print(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
+            raise SystemExit(0)
         model = load_target(args.ckpt)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
+
+    from data import get_encoding
+    enc = get_encoding()
     prompt = enc.encode_ordinary(args.prompt)
     if not prompt:
         raise SystemExit("error: empty prompt")

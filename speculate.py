@@ -359,8 +359,8 @@ def load_drafter(method, target, out_dir, **kw):
 if __name__ == "__main__":
     import os
     parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.")
-    from data import ROOT
-    parser.add_argument("--ckpt", default=os.path.join(ROOT, "weights", "cpu", "target.pt"),
+    from data import WEIGHTS_DIR
+    parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")
     parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)}")
     parser.add_argument("--prompt", default="def parse(", help="text to continue")
