@@ -35,7 +35,7 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NA
 
 step env 30 bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; nvcc --version | tail -2'
 step selfcheck 170 python -m cuda
-step tests 130 python -m pytest -q -rs tests/test_cuda.py -k "not emulat"  # the CPU emulation is CI's stand-in for this GPU
+step tests 130 python -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
 B="python bench.py --device cuda --preset cpu --methods ar,dflash"
 step bench_fused 70 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
 step bench_ref 70 env DFLASH_CUDA_EXT=0 $B --json "$LOG/bench_ref.json"
