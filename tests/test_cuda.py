@@ -213,7 +213,7 @@ def test_nvidia_cuda_namespace_still_imports(tmp_path):
     import subprocess
     (tmp_path / "cuda" / "bindings").mkdir(parents=True)
     (tmp_path / "cuda" / "bindings" / "__init__.py").write_text("VERSION = 'fake'\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = cuda.HERE.parent
     for order in ("import cuda, cuda.bindings", "import cuda.bindings, cuda"):
         code = f"{order}; assert cuda.bindings.VERSION == 'fake' and callable(cuda.kv_inject)"
         r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,

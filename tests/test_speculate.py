@@ -449,8 +449,8 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     import os
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, os.path.join(root, "speculate.py"), "--device", "cpu"]
+    from data import ROOT
+    cmd = [sys.executable, os.path.join(ROOT, "speculate.py"), "--device", "cpu"]
     r = subprocess.run(cmd + ["--method", "dflash", "--prompt", "def parse(line):", "--max-new-tokens", "24", "--check"],
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-800:]
