@@ -160,10 +160,11 @@ def main(args):
         step += 1
         if step % args.eval_every == 0 or step == 1:
             vl, acc = evaluate(model, target, val, val_feats, args.batch_size)
-            el = time.time() - t0
+            el = time.time() - t0  # the run ends at the budget or at --max-steps, whichever comes first
+            eta = max(budget - el, 0) if not args.max_steps else min(max(budget - el, 0), (args.max_steps - step) * el / step)
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
-                  f"ETA {max(budget - el, 0) / 60:.1f} min", flush=True)
+                  f"ETA {eta / 60:.1f} min", flush=True)
     vl, acc = evaluate(model, target, val, val_feats, args.batch_size)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "

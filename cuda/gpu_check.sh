@@ -17,6 +17,8 @@
 # on an H200 (unmeasured: the extension's first build is most of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the device image's interpreter with torch is python3 (a plain `python` may be missing there)
+PY=${PYTHON:-$(command -v python3 || command -v python)}
 LOG=${1:-${OUT:-out/gpu_check}}
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
@@ -33,10 +35,10 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NA
   [ "$rc" -eq 0 ] || failed=1
 }
 
-step env 30 bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; nvcc --version | tail -2'
-step selfcheck 170 python -m cuda
-step tests 130 python -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
-B="python bench.py --device cuda --preset cpu --methods ar,dflash"
+step env 30 bash -c "nvidia-smi; $PY -c 'import torch, cuda; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), \"| cuda package:\", cuda.__file__)'; nvcc --version | tail -2"
+step selfcheck 170 $PY -m cuda
+step tests 130 $PY -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
+B="$PY bench.py --device cuda --preset cpu --methods ar,dflash"
 step bench_fused 70 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
 step bench_ref 70 env DFLASH_CUDA_EXT=0 $B --json "$LOG/bench_ref.json"
 step bench_bf16 70 env DFLASH_CUDA_EXT=1 $B --dtype bfloat16 --temperatures 0
