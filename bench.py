@@ -42,7 +42,7 @@ from xml.sax.saxutils import escape
 import torch
 
 import data
-from model import PRESETS, load_checkpoint, load_target, weights_hash
+from model import PRESETS, get_device, load_checkpoint, load_target, weights_hash
 from speculate import METHODS, generate, load_drafter
 
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
@@ -148,7 +148,7 @@ def find_or_train(args, methods, device, dtype):
     for i, what in enumerate(todo, 1):
         print(f"\n=== [{i}/{len(todo)}] {what} (~{cost(what):g} min; ~{sum(map(cost, todo[i - 1:])):g} min left "
               f"in the plan) ===", flush=True)
-        dev = ["--device", device.type]
+        dev = ["--device", str(device)]
         if what == "data":
             data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":
@@ -381,7 +381,7 @@ def get_parser():
     g.add_argument("--n-prompts", type=int, default=10, help="held-out prompts (ignored with --prompts); 10 keeps six "
                    "methods x two temperatures within ~5 min on 2 cores (12 took 5 min 42 s) (default %(default)s)")
     g = p.add_argument_group("model and weights")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16 on cuda only; "
                    "greedy losslessness is exact only in float32")
@@ -413,7 +413,10 @@ def main(argv=None):
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = get_device(args.device)
+    except ValueError as e:
+        die(str(e))
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "
           f"{args.preset or ('gpu' if device.type == 'cuda' else 'cpu') + ' (follows the device)'}, dtype {args.dtype}")
     args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")

@@ -291,6 +291,23 @@ def load_checkpoint(path, kind=None):
     return ckpt
 
 
+def get_device(name=None):
+    """--device NAME -> torch.device; None picks cuda when there is one. What this machine
+    cannot run is refused here in one line, not by an assertion deep inside .to()."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(f"device {name!r}: no CUDA device visible (torch {torch.__version__}, {build})")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
 def load_target(path, device="cpu", dtype=torch.float32):
     """Load a target checkpoint; refuse one trained with another tokenizer."""
     from data import tokenizer_hash

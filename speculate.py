@@ -370,15 +370,14 @@ if __name__ == "__main__":
     parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--check", action="store_true", help="also run plain decoding and compare (greedy)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     args = parser.parse_args()
 
     from data import get_encoding
-    from model import load_target
+    from model import get_device, load_target
     enc = get_encoding()
     try:
-        target = load_target(args.ckpt, device=args.device)
+        target = load_target(args.ckpt, device=get_device(args.device))
         drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
         K = args.draft_len or getattr(drafter, "default_K", 4)
         prompt = enc.encode_ordinary(args.prompt)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import data
-from model import Config, PRESETS, Transformer, save_checkpoint, load_checkpoint
+from model import Config, PRESETS, Transformer, get_device, save_checkpoint, load_checkpoint
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
 
@@ -98,7 +98,7 @@ def main(args):
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = get_device(args.device)
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
     enc = data.get_encoding()
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
@@ -201,7 +201,7 @@ def get_parser():
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
     g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock and schedule)")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("budget and optimisation")
@@ -230,4 +230,7 @@ if __name__ == "__main__":
     args = get_parser().parse_args()
     if args.minutes is None:
         args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0)
-    main(args)
+    try:
+        main(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input (device, checkpoint): one line, no traceback
+        raise SystemExit(f"error: {e}")

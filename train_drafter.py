@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import data
-from model import load_target, save_checkpoint, load_checkpoint, weights_hash
+from model import get_device, load_target, save_checkpoint, load_checkpoint, weights_hash
 
 
 # -----------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def main(args):
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = get_device(args.device)
     target = load_target(args.target, device=device)
     for p in target.parameters():
         p.requires_grad_(False)
@@ -181,7 +181,7 @@ def get_parser():
     p.add_argument("--method", required=True, choices=["mtp", "eagle", "dflash"], help="which drafter")
     p.add_argument("--target", default="out/cpu/target.pt", help="target checkpoint")
     p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("self-distillation data")
@@ -212,4 +212,7 @@ def get_parser():
 
 
 if __name__ == "__main__":
-    main(get_parser().parse_args())
+    try:
+        main(get_parser().parse_args())
+    except (ValueError, FileNotFoundError) as e:  # bad input (device, target checkpoint): one line, no traceback
+        raise SystemExit(f"error: {e}")

@@ -87,6 +87,9 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     with pytest.raises(SystemExit) as e:
         bench.main(["--weights", str(weights), "--methods", "ar,medusa"])
     assert e.value.code == 2 and "unknown method 'medusa'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--device", "cuda:99"])
+    assert e.value.code == 2 and "cuda:99" in capsys.readouterr().err
     # a method asked for by name whose checkpoint is missing is an error, not a silent skip
     with pytest.raises(SystemExit) as e:
         bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,eagle", "--prompts", str(prompts_file)])

@@ -2,7 +2,8 @@
 import torch
 import pytest
 
-from model import Config, PRESETS, Transformer, generate, rope_table, save_checkpoint, load_checkpoint, weights_hash
+from model import (Config, PRESETS, Transformer, generate, get_device, rope_table, save_checkpoint, load_checkpoint,
+                   weights_hash)
 
 
 def tiny_model(seed=0, vocab=97):
@@ -137,3 +138,15 @@ def test_rope_tables_stay_float32_in_bfloat16():
     logits = m(torch.tensor([[1, 2, 3]]))[0]
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
     assert torch.equal(m.float().rope_cos, cos)  # and back
+
+
+def test_get_device_refuses_what_this_machine_cannot_run():
+    assert get_device("cpu") == torch.device("cpu")
+    assert get_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        get_device("gpu0")
+    with pytest.raises(ValueError, match="cuda:99"):  # no machine of ours has 100 GPUs
+        get_device("cuda:99")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device visible"):
+            get_device("cuda")

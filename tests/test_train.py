@@ -11,7 +11,7 @@ import train
 from model import load_target, save_checkpoint, load_checkpoint
 from test_model import save_tiny
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = data.ROOT
 
 
 def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):
@@ -52,3 +52,10 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
     r = subprocess.run([sys.executable, "model.py", "--ckpt", str(tmp_path / "t.pt"), "--prompt", prompt,
                         "--max-new-tokens", str(max_new)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
+
+
+@pytest.mark.parametrize("cmd,message", [(["train_drafter.py", "--method", "dflash", "--target", "missing.pt"], "no such checkpoint"),
+                                         (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
+def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
