@@ -403,8 +403,9 @@ def main(argv=None):
         sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
     except ValueError as e:
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
-    if min(temps) < 0 or min([args.batch_size, args.repeats, args.K, args.block_size - 1, args.max_new_tokens, *sizes]) < 1:
-        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1 and max new tokens >= 1")
+    if min(temps) < 0 or min([args.batch_size, args.repeats, args.K, args.block_size - 1, args.max_new_tokens,
+                              args.n_prompts, *sizes]) < 1:
+        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1, max new tokens and n-prompts >= 1")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     named = args.methods is not None

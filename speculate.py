@@ -215,6 +215,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         raise ValueError("empty prompt list or empty prompt")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if drafter is not None and K < 1:
         raise ValueError(f"draft length K must be >= 1, got {K}")
     K = K if drafter is not None else 0
@@ -379,7 +381,7 @@ if __name__ == "__main__":
     try:
         target = load_target(args.ckpt, device=get_device(args.device))
         drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
-        K = args.draft_len or getattr(drafter, "default_K", 4)
+        K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
         prompt = enc.encode_ordinary(args.prompt)
         t0 = time.perf_counter()
         outs, st = generate(target, [prompt], drafter, max_new_tokens=args.max_new_tokens, K=K,

@@ -94,7 +94,17 @@ def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
     return q
 
 
+def check_args(args, names):
+    """Counts that must be >= 1 and a budget > 0: a bad one ends in one line before any work."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.minutes is not None and args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+
+
 def main(args):
+    check_args(args, ["batch_size", "eval_every", "eval_batches"])
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -110,7 +120,9 @@ def main(args):
         print(f"resuming from {args.resume} at step {ck['step']}")
     else:
         cfg = Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
-    seq_len = min(args.seq_len or cfg.max_seq_len, cfg.max_seq_len)
+    seq_len = args.seq_len or cfg.max_seq_len
+    if not 1 <= seq_len <= cfg.max_seq_len:
+        raise ValueError(f"--seq-len {seq_len} is outside the model's context (1..{cfg.max_seq_len})")
     model = Transformer(cfg).to(device)
     mtp_mod = None
     if args.mtp_depth:

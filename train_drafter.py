@@ -31,6 +31,7 @@ import torch
 
 import data
 from model import get_device, load_target, save_checkpoint, load_checkpoint, weights_hash
+from train import check_args
 
 
 # -----------------------------------------------------------------------------
@@ -112,7 +113,21 @@ def evaluate(model, target, val, val_feats, batch_size):
     return float(np.mean(losses)), (agree / count.clamp(min=1)).tolist()
 
 
+def default_out_dir(target_path):
+    """Beside the target, except for the committed reference weights, which a default never
+    overwrites: drafters for weights/<preset>/target.pt go to out/<preset>/weights/ (where
+    bench.py puts the drafters it trains for the committed target)."""
+    folder = os.path.dirname(os.path.abspath(target_path))
+    if os.path.dirname(folder) == os.path.abspath(data.WEIGHTS_DIR):
+        return os.path.join(data.DATA_OUT, os.path.basename(folder), "weights")
+    return folder
+
+
 def main(args):
+    check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every", "mtp_depth",
+                      "ttt_steps", "dflash_layers", "dflash_features", "anchors"])
+    if args.block_size < 2:
+        raise ValueError(f"--block-size must be >= 2 (one slot for the last token, one draft), got {args.block_size}")
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -120,7 +135,7 @@ def main(args):
     target = load_target(args.target, device=device)
     for p in target.parameters():
         p.requires_grad_(False)
-    args.out_dir = args.out_dir or os.path.dirname(args.target)
+    args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     train, val = get_distill_data(target, args, th)
@@ -180,7 +195,8 @@ def get_parser():
     p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen target.")
     p.add_argument("--method", required=True, choices=["mtp", "eagle", "dflash"], help="which drafter")
     p.add_argument("--target", default="out/cpu/target.pt", help="target checkpoint")
-    p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target)")
+    p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target; "
+                   "out/<preset>/weights for the committed weights/<preset>/target.pt)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")

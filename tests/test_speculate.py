@@ -436,6 +436,8 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], K=0)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         gen([[1, 2]], temperature=-0.5)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        gen([[1, 2]], max_new_tokens=0)
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
@@ -458,6 +460,7 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     assert "greedy output identical to plain decoding: True" in r.stdout
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     for extra, message in [(["--ckpt", str(tmp_path / "bad.pt")], "not a readable checkpoint"),
-                           (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt")]:
+                           (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt"),
+                           (["--method", "ngram", "-K", "0"], "K must be >= 1")]:
         r = subprocess.run(cmd + extra, cwd=tmp_path, capture_output=True, text=True)
         assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]

@@ -52,3 +52,10 @@ def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
     assert len(files) == 1
     d = torch.load(files[0], weights_only=True)
     assert d["train"].shape == (8, 16 + 24) and d["val"].shape == (4, 16 + 24)
+
+
+def test_default_out_dir_never_overwrites_the_committed_weights(tmp_path):
+    import os
+    committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
+    assert train_drafter.default_out_dir(committed) == os.path.join(data.DATA_OUT, "cpu", "weights")
+    assert train_drafter.default_out_dir(str(tmp_path / "target.pt")) == str(tmp_path)
