@@ -160,13 +160,17 @@ BIG_SHAPES = {  # timed at B = 1 (launch-bound) and B = 32: the cpu preset's dra
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default 100 cuda, 20 cpu)")
     ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on the CPU "
                     "(cuda/emu.h) instead of a build for the device; untimed")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = ap.parse_args()
-    device = torch.device("cpu" if args.emu else args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from model import get_device
+    try:
+        device = torch.device("cpu") if args.emu else get_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     repeat = 0 if args.emu else args.repeat or (100 if device.type == "cuda" else 20)
     print(f"cuda self-check on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads"
