@@ -404,8 +404,9 @@ def main(argv=None):
     except ValueError as e:
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
     if min(temps) < 0 or min([args.batch_size, args.repeats, args.K, args.block_size - 1, args.max_new_tokens,
-                              args.n_prompts, *sizes]) < 1:
-        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1, max new tokens and n-prompts >= 1")
+                              args.n_prompts, 1 if args.top_k is None else args.top_k, *sizes]) < 1:
+        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1, max new tokens, n-prompts "
+            "and top-k >= 1")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     named = args.methods is not None

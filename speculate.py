@@ -221,6 +221,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 (or None for the whole vocabulary), got {top_k}")
     if drafter is not None and K < 1:
         raise ValueError(f"draft length K must be >= 1, got {K}")
     K = K if drafter is not None else 0

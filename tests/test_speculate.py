@@ -438,6 +438,8 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], temperature=-0.5)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         gen([[1, 2]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        gen([[1, 2]], temperature=1.0, top_k=0)
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
