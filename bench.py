@@ -186,15 +186,18 @@ def get_drafter(method, target, folder, args):
 # measurement
 
 def run(target, drafter, prompts, K, temperature, args, batch_size):
-    """Decode all prompts in chunks of batch_size, timed as a whole. Seeds depend on the chunk
-    only, so every method sees the same ones. Returns outputs, summed stats and wall time."""
+    """Decode all prompts in fixed batches of batch_size (or, with --continuous, through
+    batch_size rows that take the next prompt as they finish), timed as a whole. Seeds depend
+    on the batch only, so every method sees the same ones. Returns outputs, summed stats and
+    wall time."""
     device = target.head.weight.device
     outs = []
     st = dict(verify_passes=0, row_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
+    chunk = len(prompts) if args.continuous else batch_size  # prompts per generate call
     sync(device)
     t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch_size):
-        o, s = generate(target, prompts[i:i + batch_size], drafter, max_new_tokens=args.max_new_tokens,
+    for i in range(0, len(prompts), chunk):
+        o, s = generate(target, prompts[i:i + chunk], drafter, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
                         temperature=temperature, top_k=args.top_k, seed=args.seed + i, K=max(K, 1))
         outs += o
         for k in ("verify_passes", "draft_s", "verify_s", "new_tokens"):
@@ -317,7 +320,8 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     print(f"target    preset {args.preset} | {target.n_params() / 1e6:.2f}M params | {target_path}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items() if d) or "none"))
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
-          f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size} | seed {args.seed}")
+          f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
+          f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
     print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp its depth, dflash block {args.block_size} "
           f"(K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
     for T, r in repeats.items():
@@ -360,7 +364,9 @@ def get_parser():
     g.add_argument("--temperatures", default="0,1", help="comma list; each method runs at each (default %(default)s)")
     g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default %(default)s)")
-    g.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=1, help="rows decoded at once (default %(default)s)")
+    g.add_argument("--continuous", action="store_true", help="continuous batching: a row whose prompt is done takes "
+                   "the next waiting prompt, instead of fixed batches that wait for their slowest row")
     g.add_argument("--batch-sizes", default=None, help="extra sweep of throughput over these batch sizes, e.g. 1,4,16 "
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "

@@ -201,6 +201,9 @@ class DFlashDrafter:
                        self.target.rope_cos, self.target.rope_sin)
         self.ctx_len = self.ctx_len + n_new
 
+    def reset(self, rows):
+        self.ctx_len = torch.where(rows, torch.zeros_like(self.ctx_len), self.ctx_len)
+
     @torch.no_grad()
     def block_logits(self, tokens, n, S):
         """One drafter pass over the block [x_{N-1}, mask x (S-1)] -> logits (B, S, V)."""

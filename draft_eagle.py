@@ -182,6 +182,9 @@ class EagleDrafter:
         pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
         self.feat.scatter_(1, pos[..., None].expand(-1, -1, self.feat.shape[2]), self.eagle.fc(feats))
 
+    def reset(self, rows):
+        self.cache.reset_rows(rows)  # feat is rewritten by update, the cache by catch_up
+
     def _run(self, e, h):
         """Append positions with inputs e, h (B, T, C) after each row's cache length."""
         pos = self.cache.positions(e.shape[1])                      # (B, T)

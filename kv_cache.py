@@ -23,6 +23,8 @@ inside a model's forward:
     cache.advance(T)                         # after the last layer
 """
 
+import copy
+
 import torch
 
 
@@ -77,3 +79,16 @@ class KVCache:
     def rollback(self, new_lengths):
         """O(1) rollback: keep positions [0, new_lengths[b]) of each row, drop the rest."""
         self.lengths = new_lengths.to(self.lengths).clone()
+
+    def reset_rows(self, rows):
+        """Empty the rows where rows (B,) bool is True (a new sequence starts there)."""
+        self.lengths = torch.where(rows, torch.zeros_like(self.lengths), self.lengths)
+
+    def row(self, b):
+        """Row b alone as an empty batch-1 cache over the same buffers (a view: what a forward
+        writes into it lands in row b here). For prefilling one row of a running batch with a
+        new sequence; then set this cache's lengths[b] from the view's."""
+        view = copy.copy(self)
+        view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
+        view.lengths = torch.zeros(1, dtype=torch.long, device=self.lengths.device)
+        return view

@@ -122,6 +122,10 @@ class MTPDrafter:
         pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
         self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
 
+    def reset(self, rows):
+        for cache in self.caches:  # H is rewritten by update and the catch-up in propose
+            cache.reset_rows(rows)
+
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         target, B = self.target, tokens.shape[0]

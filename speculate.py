@@ -25,6 +25,8 @@ draft_eagle.py and draft_diffusion.py hold the others):
                                   K' <= K; q None means the drafts are argmax picks (q one-hot)
     update(tokens, n, feats, n_new)  feats (B, K+1, F) of the verify pass, n_new (B,) of them
                                   are now committed (accepted + 1); tokens/n already updated
+    reset(rows)                   rows (B,) bool start a new prompt (continuous batching): forget
+                                  them; an update with n_new = the prompt's length follows
 tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts. Whatever a
 drafter computed tentatively inside propose it rolls back itself.
 
@@ -152,6 +154,9 @@ class NgramDrafter:
     def update(self, tokens, n, feats, n_new):
         pass
 
+    def reset(self, rows):
+        pass
+
     def _lookup(self, seq, K):
         for n in range(min(self.n, len(seq) - 1), self.min_n - 1, -1):
             key = seq[-n:]
@@ -187,6 +192,9 @@ class ModelDrafter:
     def update(self, tokens, n, feats, n_new):
         pass
 
+    def reset(self, rows):
+        self.cache.reset_rows(rows)  # propose catches the new prompt up from position 0
+
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         logits, _, _ = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
@@ -211,10 +219,14 @@ def _sync(device):
 
 @torch.no_grad()
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
-             K=4, stop_token=None):
-    """Speculative decoding of a batch of prompts (lists of token ids, any lengths).
+             K=4, stop_token=None, batch_size=None):
+    """Speculative decoding of a list of prompts (lists of token ids, any lengths).
     drafter=None is plain autoregressive decoding through the same cache: the baseline.
-    Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded)."""
+    batch_size rows are decoded at once (default: all prompts). With fewer rows than prompts,
+    a row whose prompt is done starts the next waiting one (continuous batching), so rows do
+    not idle while the slowest of a fixed batch finishes.
+    Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded), one per
+    prompt in order."""
     if not prompts or any(len(pr) == 0 for pr in prompts):
         raise ValueError("empty prompt list or empty prompt")
     if temperature < 0:
@@ -225,15 +237,21 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         raise ValueError(f"top_k must be >= 1 (or None for the whole vocabulary), got {top_k}")
     if drafter is not None and K < 1:
         raise ValueError(f"draft length K must be >= 1, got {K}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     K = K if drafter is not None else 0
     device = target.head.weight.device
-    B, lens = len(prompts), [len(pr) for pr in prompts]
+    B = min(batch_size or len(prompts), len(prompts))
+    longest = max(len(pr) for pr in prompts)
     # NOTE: a row may overshoot its budget by up to K tokens in its last step, and a finished
     # row still rides along in later verify passes (masked out), which reads K+1 more positions
-    # past that: hence 2K + 1 positions of headroom, not K + 1.
-    T_max = max(lens) + max_new_tokens + 2 * K + 1
+    # past that: hence 2K + 1 positions of headroom, not K + 1. A refilled row's drafter catches
+    # up on the whole new prompt in one pass padded over all rows, whose junk lands past every
+    # row's end: one more prompt's length of headroom.
+    headroom = 2 * K + 1 + (longest + 1 if drafter is not None and len(prompts) > B else 0)
+    T_max = longest + max_new_tokens + headroom
     if T_max > target.cfg.max_seq_len:
-        raise ValueError(f"longest prompt ({max(lens)} tokens) + {max_new_tokens} new tokens + {2 * K + 1} "
+        raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + {headroom} "
                          f"positions of draft headroom exceeds the target's context of {target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
@@ -244,13 +262,14 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         return torch.multinomial(logits_to_probs(logits, temperature, top_k), 1, generator=g)[:, 0]
 
     tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
-    for b, pr in enumerate(prompts):
+    for b, pr in enumerate(prompts[:B]):
         tokens[b, :len(pr)] = torch.tensor(pr)
-    lens_t = torch.tensor(lens, device=device)  # (B,) prompt lengths
+    lens = [len(pr) for pr in prompts[:B]]  # each row's current prompt length
+    lens_t = torch.tensor(lens, device=device)
     n = lens_t.clone()
     cache = target.new_cache(B, max_len=T_max)
     layers = drafter.hidden_layers if drafter is not None else ()
-    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B,
+    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B + [0] * (len(prompts) - B),
                  accepted_per_position=[0] * K, attempts_per_position=[0] * K)
 
     # prefill: the whole (right-padded) prompt, then each row rolls back to its own length
@@ -269,7 +288,48 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     _sync(device); stats["verify_s"] += time.perf_counter() - t0
     rows = torch.arange(B, device=device)
 
-    while not bool(done.all()):
+    # continuous batching: a finished row hands its tokens over and takes the next prompt
+    outputs, slot, taken, waiting = [None] * len(prompts), list(range(B)), [False] * B, B
+
+    def take(b):  # row b's prompt is done: keep its new tokens (cut at the stop token)
+        out = tokens[b, lens[b]:int(n[b])].tolist()[:max_new_tokens]
+        if stop_token is not None and stop_token in out:
+            out = out[:out.index(stop_token) + 1]
+        outputs[slot[b]] = out
+        taken[b] = True
+
+    def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
+        pr = prompts[i]
+        tokens[b] = 0
+        tokens[b, :len(pr)] = torch.tensor(pr)
+        logits, hidden = target(tokens[b:b + 1, :len(pr)], cache.row(b), hidden_layers=layers)
+        cache.lengths[b] = len(pr)
+        nxt = pick(logits[:, -1])
+        tokens[b, len(pr)] = nxt[0]
+        lens[b], lens_t[b], n[b], slot[b], taken[b] = len(pr), len(pr), len(pr) + 1, i, False
+        done[b] = max_new_tokens == 1 or (stop_token is not None and bool(nxt[0] == stop_token))
+        if drafter is not None:  # forget the old prompt, then feed the new one's features
+            drafter.reset(rows == b)
+            feats = torch.cat(hidden, -1) if hidden else None
+            if feats is not None:  # (1, P, F) -> (B, P, F), zero for the other rows (n_new = 0)
+                feats = torch.cat([torch.zeros_like(feats).expand(b, -1, -1), feats,
+                                   torch.zeros_like(feats).expand(B - b - 1, -1, -1)])
+            drafter.update(tokens, n, feats, torch.where(rows == b, len(pr), 0))
+        stats["verify_passes"] += 1
+        stats["row_passes"][i] = 1
+        return bool(done[b])
+
+    def retire():
+        nonlocal waiting
+        for b, d in enumerate(done.tolist()):
+            while d and not taken[b]:
+                take(b)
+                if waiting < len(prompts):
+                    d = start(b, waiting)
+                    waiting += 1
+
+    retire()
+    while not all(taken):
         # 1. draft
         t0 = time.perf_counter()
         if drafter is None:
@@ -313,7 +373,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         active = ~done
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & active[:, None]).sum(0)
         active, accepted = active.tolist(), accepted.tolist()
-        stats["row_passes"] = [r + a for r, a in zip(stats["row_passes"], active)]
+        for b, a in enumerate(active):
+            stats["row_passes"][slot[b]] += a
         for i in range(Kd):
             stats["attempts_per_position"][i] += sum(active)
             stats["accepted_per_position"][i] += accepted[i]
@@ -321,13 +382,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         if stop_token is not None:
             done |= (keep & (new == stop_token)).any(1)
         done |= n - lens_t >= max_new_tokens
+        retire()
 
-    outputs = []
-    for b in range(B):
-        out = tokens[b, lens[b]:int(n[b])].tolist()[:max_new_tokens]
-        if stop_token is not None and stop_token in out:
-            out = out[:out.index(stop_token) + 1]
-        outputs.append(out)
     stats["tokens_per_row"] = [len(o) for o in outputs]
     stats["new_tokens"] = sum(stats["tokens_per_row"])
     stats["tau"] = stats["new_tokens"] / sum(stats["row_passes"])

@@ -70,6 +70,19 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
 
+
+def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
+    """One row taking the two prompts in turn decodes each as the fixed batches of one do: the
+    same tokens (lossless against ar), tau and target passes (a refill is a prefill)."""
+    argv = ["--weights", str(weights), "--preset", "tiny", "--methods", "ar,ngram,draft", "--temperatures", "0",
+            "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"]
+    fixed = bench.main(argv)
+    cont = bench.main(argv + ["--continuous"])
+    assert "batch 1 (continuous)" in capsys.readouterr().out
+    for a, b in zip(fixed, cont):
+        assert b["lossless"] is True and b["new_tokens"] == 2 * 12
+        assert (a["method"], a["tau"], a["verify_passes"]) == (b["method"], b["tau"], b["verify_passes"])
+
 def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "def f():"}\n{"prompt": 3}\n')

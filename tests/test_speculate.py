@@ -147,6 +147,70 @@ def test_batch_rows_equal_rows_alone(name):
 
 
 # -----------------------------------------------------------------------------
+# continuous batching: a row that finishes takes the next prompt
+
+def feature_drafter(name, target):
+    """mtp / eagle / dflash with large random weights on `target` (their state is what a
+    refill must reset: caches, features, context K/V)."""
+    torch.manual_seed(11)
+    if name == "mtp":
+        from mtp import MTP, MTPDrafter
+        return MTPDrafter(target, MTP(target.cfg, 3).eval())
+    if name == "eagle":
+        from draft_eagle import Eagle, EagleDrafter
+        model, std = Eagle(target.cfg, ttt_steps=3).eval(), 0.15
+    else:
+        from draft_diffusion import DFlash, DFlashDrafter
+        model, std = DFlash(target.cfg, n_layer=2, n_features=3, block_size=8).eval(), 0.2
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, std)
+    return EagleDrafter(target, model) if name == "eagle" else DFlashDrafter(target, model)
+
+
+class Recorder:
+    """Wraps a drafter and records, per row, the drafts it proposed after each committed
+    context: {context tuple: drafts tuple}."""
+
+    def __init__(self, drafter):
+        self.d, self.seen = drafter, {}
+        self.hidden_layers = drafter.hidden_layers
+
+    def __getattr__(self, name):  # prefill, update, reset
+        return getattr(self.d, name)
+
+    def propose(self, tokens, n, K, **kw):
+        drafts, q = self.d.propose(tokens, n, K, **kw)
+        for b in range(tokens.shape[0]):
+            self.seen[tuple(tokens[b, :int(n[b])].tolist())] = tuple(drafts[b].tolist())
+        return drafts, q
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft", "self", "mtp", "eagle", "dflash"])
+def test_continuous_batching_decodes_each_prompt_as_alone(name):
+    """8 prompts through 3 rows: each output, its number of passes and every draft proposed for
+    it equal those of the prompt decoded alone, so a refilled row keeps nothing of the prompt
+    before it (a stale drafter cache would change the drafts, not the lossless output)."""
+    target = loopy_target()
+    make = (lambda: make_drafter(name, target)) if name in ("ngram", "draft", "self") else \
+        (lambda: feature_drafter(name, target))
+    batch = [list(p) for p in prompts("repetitive")]
+    rec = Recorder(make())
+    outs, st = speculate.generate(target, batch, rec, max_new_tokens=MAX_NEW, K=4, batch_size=3)
+    assert st["verify_passes"] < sum(st["row_passes"])  # rows were shared: it was batched
+    for i, pr in enumerate(batch):
+        alone_rec = Recorder(make())
+        alone, st1 = speculate.generate(target, [pr], alone_rec, max_new_tokens=MAX_NEW, K=4)
+        assert outs[i] == alone[0] == reference("repetitive", tuple(pr), MAX_NEW), f"prompt {i}"
+        assert st["row_passes"][i] == st1["row_passes"][0], f"prompt {i}"
+        for ctx, drafts in alone_rec.seen.items():
+            assert rec.seen.get(ctx) == drafts, f"prompt {i}: other drafts after {len(ctx)} tokens"
+    plain, _ = speculate.generate(target, batch, None, max_new_tokens=MAX_NEW, batch_size=3)
+    assert plain == outs
+
+
+# -----------------------------------------------------------------------------
 # sampling is lossless: a statistical test against the exact joint distribution
 
 @torch.no_grad()
