@@ -201,8 +201,20 @@ class DFlashDrafter:
                        self.target.rope_cos, self.target.rope_sin)
         self.ctx_len = self.ctx_len + n_new
 
-    def reset(self, rows):
-        self.ctx_len = torch.where(rows, torch.zeros_like(self.ctx_len), self.ctx_len)
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        """Row b's context cache restarts with the new prompt's features (one kv_inject that
+        writes row b only: the other rows get zero new positions)."""
+        import cuda
+        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, P, H, D)
+        B, P = len(n), k.shape[2]
+        new_k, new_v = (x.new_zeros(x.shape[0], B, *x.shape[2:]).index_copy_(1, torch.tensor([b], device=x.device), x)
+                        for x in (k, v))
+        self.ctx_len[b] = 0
+        counts = torch.zeros_like(self.ctx_len)
+        counts[b] = P
+        cuda.kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos, self.target.rope_sin)
+        self.ctx_len[b] = P
 
     @torch.no_grad()
     def block_logits(self, tokens, n, S):

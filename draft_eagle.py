@@ -182,15 +182,22 @@ class EagleDrafter:
         pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
         self.feat.scatter_(1, pos[..., None].expand(-1, -1, self.feat.shape[2]), self.eagle.fc(feats))
 
-    def reset(self, rows):
-        self.cache.reset_rows(rows)  # feat is rewritten by update, the cache by catch_up
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        fed = int(n[b]) - 1                                           # positions 0..fed-1 have features
+        self.feat[b, :fed] = self.eagle.fc(feats[0])
+        view = self.cache.row(b)                                      # 0..fed-2 now; catch_up does fed-1
+        if fed > 1:
+            self._run(self.target.embed(tokens[b:b + 1, 1:fed]), self.feat[b:b + 1, :fed - 1], view)
+        self.cache.lengths[b] = fed - 1
 
-    def _run(self, e, h):
+    def _run(self, e, h, cache=None):
         """Append positions with inputs e, h (B, T, C) after each row's cache length."""
-        pos = self.cache.positions(e.shape[1])                      # (B, T)
+        cache = self.cache if cache is None else cache
+        pos = cache.positions(e.shape[1])                             # (B, T)
         cos, sin = self.target.rope(pos)
-        out = self.eagle.layer(e, h, cos, sin, self.cache, pos)       # (B, T, C)
-        self.cache.advance(e.shape[1])
+        out = self.eagle.layer(e, h, cos, sin, cache, pos)            # (B, T, C)
+        cache.advance(e.shape[1])
         return out
 
     @torch.no_grad()

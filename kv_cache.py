@@ -80,10 +80,6 @@ class KVCache:
         """O(1) rollback: keep positions [0, new_lengths[b]) of each row, drop the rest."""
         self.lengths = new_lengths.to(self.lengths).clone()
 
-    def reset_rows(self, rows):
-        """Empty the rows where rows (B,) bool is True (a new sequence starts there)."""
-        self.lengths = torch.where(rows, torch.zeros_like(self.lengths), self.lengths)
-
     def row(self, b):
         """Row b alone as an empty batch-1 cache over the same buffers (a view: what a forward
         writes into it lands in row b here). For prefilling one row of a running batch with a

@@ -122,9 +122,19 @@ class MTPDrafter:
         pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
         self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
 
-    def reset(self, rows):
-        for cache in self.caches:  # H is rewritten by update and the catch-up in propose
-            cache.reset_rows(rows)
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        N = int(n[b])
+        self.H[0, b, :N - 1] = feats[0]
+        for k, (mod, cache) in enumerate(zip(self.mtp.mods, self.caches), 1):
+            m = max(N - k, 0)  # module k's exact positions 0..N-1-k: their inputs x_{p+k} are committed
+            if m:
+                view = cache.row(b)
+                pos = view.positions(m)
+                cos, sin = self.target.rope(pos)
+                out = mod(self.H[k - 1, b:b + 1, :m], self.target.embed(tokens[b:b + 1, k:k + m]), cos, sin, view, pos)
+                self.H[k, b, :m] = out[0]
+            cache.lengths[b] = m
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):

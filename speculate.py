@@ -25,8 +25,9 @@ draft_eagle.py and draft_diffusion.py hold the others):
                                   K' <= K; q None means the drafts are argmax picks (q one-hot)
     update(tokens, n, feats, n_new)  feats (B, K+1, F) of the verify pass, n_new (B,) of them
                                   are now committed (accepted + 1); tokens/n already updated
-    reset(rows)                   rows (B,) bool start a new prompt (continuous batching): forget
-                                  them; an update with n_new = the prompt's length follows
+    refill(b, tokens, n, feats)   row b holds a new prompt (continuous batching): tokens[b, :n[b]]
+                                  committed, the first n[b]-1 fed, feats (1, n[b]-1, F) theirs;
+                                  forget the old prompt and catch up on this one, on row b alone
 tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts. Whatever a
 drafter computed tentatively inside propose it rolls back itself.
 
@@ -154,7 +155,7 @@ class NgramDrafter:
     def update(self, tokens, n, feats, n_new):
         pass
 
-    def reset(self, rows):
+    def refill(self, b, tokens, n, feats):
         pass
 
     def _lookup(self, seq, K):
@@ -192,8 +193,11 @@ class ModelDrafter:
     def update(self, tokens, n, feats, n_new):
         pass
 
-    def reset(self, rows):
-        self.cache.reset_rows(rows)  # propose catches the new prompt up from position 0
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        fed = int(n[b]) - 1  # all but the pending token, through row b's slice of the cache
+        self.model(tokens[b:b + 1, :fed], self.cache.row(b))
+        self.cache.lengths[b] = fed
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
@@ -245,13 +249,10 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     longest = max(len(pr) for pr in prompts)
     # NOTE: a row may overshoot its budget by up to K tokens in its last step, and a finished
     # row still rides along in later verify passes (masked out), which reads K+1 more positions
-    # past that: hence 2K + 1 positions of headroom, not K + 1. A refilled row's drafter catches
-    # up on the whole new prompt in one pass padded over all rows, whose junk lands past every
-    # row's end: one more prompt's length of headroom.
-    headroom = 2 * K + 1 + (longest + 1 if drafter is not None and len(prompts) > B else 0)
-    T_max = longest + max_new_tokens + headroom
+    # past that: hence 2K + 1 positions of headroom, not K + 1.
+    T_max = longest + max_new_tokens + 2 * K + 1
     if T_max > target.cfg.max_seq_len:
-        raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + {headroom} "
+        raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + {2 * K + 1} "
                          f"positions of draft headroom exceeds the target's context of {target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
@@ -299,7 +300,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         taken[b] = True
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
-        pr = prompts[i]
+        t0, pr = time.perf_counter(), prompts[i]
         tokens[b] = 0
         tokens[b, :len(pr)] = torch.tensor(pr)
         logits, hidden = target(tokens[b:b + 1, :len(pr)], cache.row(b), hidden_layers=layers)
@@ -308,13 +309,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         tokens[b, len(pr)] = nxt[0]
         lens[b], lens_t[b], n[b], slot[b], taken[b] = len(pr), len(pr), len(pr) + 1, i, False
         done[b] = max_new_tokens == 1 or (stop_token is not None and bool(nxt[0] == stop_token))
-        if drafter is not None:  # forget the old prompt, then feed the new one's features
-            drafter.reset(rows == b)
-            feats = torch.cat(hidden, -1) if hidden else None
-            if feats is not None:  # (1, P, F) -> (B, P, F), zero for the other rows (n_new = 0)
-                feats = torch.cat([torch.zeros_like(feats).expand(b, -1, -1), feats,
-                                   torch.zeros_like(feats).expand(B - b - 1, -1, -1)])
-            drafter.update(tokens, n, feats, torch.where(rows == b, len(pr), 0))
+        if drafter is not None:
+            drafter.refill(b, tokens, n, torch.cat(hidden, -1) if hidden else None)
+        _sync(device); stats["verify_s"] += time.perf_counter() - t0  # a prefill, timed like the first
         stats["verify_passes"] += 1
         stats["row_passes"][i] = 1
         return bool(done[b])
