@@ -167,11 +167,19 @@ def bytes_per_token(enc, texts):
 # token bins
 
 DATA_OUT = os.path.join(ROOT, "out")  # the token bins are a cache shared by every run, beside the repo
+_prepared = {}  # out_dir -> meta, once checked in this process (the check lists the whole corpus)
 
 
 def prepare(out_dir=DATA_OUT, rebuild=False):
     """Encode the corpus into out_dir/data/{train,val}.bin (np.uint16, each document followed
     by <|endoftext|>); reused while the tokenizer hash and the corpus listing are unchanged."""
+    if out_dir in _prepared and not rebuild:
+        return _prepared[out_dir]
+    _prepared[out_dir] = meta = _prepare(out_dir, rebuild)
+    return meta
+
+
+def _prepare(out_dir, rebuild):
     data_dir = os.path.join(out_dir, "data")
     meta_path = os.path.join(data_dir, "meta.json")
     files = corpus_files()

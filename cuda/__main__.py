@@ -172,7 +172,7 @@ def main():
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     repeat = 0 if args.emu else args.repeat or (100 if device.type == "cuda" else 20)
-    print(f"cuda self-check on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+    print(f"cuda self-check on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads"
           + (", CUDA kernels emulated (cuda/emu.h)" if args.emu else ""))
     if args.emu:
