@@ -493,6 +493,10 @@ def test_stop_token_stops_its_row_only(name):
     assert len(outs[1]) == MAX_NEW
     plain, _ = speculate.generate(target, batch, None, max_new_tokens=MAX_NEW, stop_token=stop)
     assert plain == cut
+    # through one row: the stopped prompt hands its row to the next one early
+    refilled, _ = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=4,
+                                     stop_token=stop, batch_size=1)
+    assert refilled == cut
 
 
 def test_bad_input_raises_clear_errors():
