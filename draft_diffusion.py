@@ -207,12 +207,13 @@ class DFlashDrafter:
         writes row b only: the other rows get zero new positions)."""
         import cuda
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, P, H, D)
-        B, P = len(n), k.shape[2]
-        new_k, new_v = (x.new_zeros(x.shape[0], B, *x.shape[2:]).index_copy_(1, torch.tensor([b], device=x.device), x)
-                        for x in (k, v))
-        self.ctx_len[b] = 0
+        P = k.shape[2]
+        new_k = k.new_zeros(k.shape[0], len(n), *k.shape[2:])      # (L, B, P, H, D), row b only
+        new_v = torch.zeros_like(new_k)
+        new_k[:, b], new_v[:, b] = k[:, 0], v[:, 0]
         counts = torch.zeros_like(self.ctx_len)
         counts[b] = P
+        self.ctx_len[b] = 0
         cuda.kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos, self.target.rope_sin)
         self.ctx_len[b] = P
 
