@@ -265,9 +265,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
     for b, pr in enumerate(prompts[:B]):
         tokens[b, :len(pr)] = torch.tensor(pr)
-    lens = [len(pr) for pr in prompts[:B]]  # each row's current prompt length
-    lens_t = torch.tensor(lens, device=device)
-    n = lens_t.clone()
+    lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) each row's prompt length
+    n = lens.clone()
     cache = target.new_cache(B, max_len=T_max)
     layers = drafter.hidden_layers if drafter is not None else ()
     stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B + [0] * (len(prompts) - B),
@@ -275,7 +274,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 
     # prefill: the whole (right-padded) prompt, then each row rolls back to its own length
     _sync(device); t0 = time.perf_counter()
-    logits, hidden = target(tokens[:, :max(lens)], cache, hidden_layers=layers)
+    logits, hidden = target(tokens[:, :max(len(pr) for pr in prompts[:B])], cache, hidden_layers=layers)
     cache.rollback(n)
     first = pick(logits[torch.arange(B), n - 1])
     tokens[torch.arange(B), n] = first
@@ -283,7 +282,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     done = torch.zeros(B, dtype=torch.bool, device=device)
     if stop_token is not None:
         done |= first == stop_token
-    done |= n - lens_t >= max_new_tokens
+    done |= n - lens >= max_new_tokens
     if drafter is not None:
         drafter.prefill(tokens, n, torch.cat(hidden, -1) if hidden else None)
     _sync(device); stats["verify_s"] += time.perf_counter() - t0
@@ -293,7 +292,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     outputs, slot, taken, waiting = [None] * len(prompts), list(range(B)), [False] * B, B
 
     def take(b):  # row b's prompt is done: keep its new tokens (cut at the stop token)
-        out = tokens[b, lens[b]:int(n[b])].tolist()[:max_new_tokens]
+        out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
         if stop_token is not None and stop_token in out:
             out = out[:out.index(stop_token) + 1]
         outputs[slot[b]] = out
@@ -301,13 +300,12 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
         t0, pr = time.perf_counter(), prompts[i]
-        tokens[b] = 0
         tokens[b, :len(pr)] = torch.tensor(pr)
         logits, hidden = target(tokens[b:b + 1, :len(pr)], cache.row(b), hidden_layers=layers)
         cache.lengths[b] = len(pr)
         nxt = pick(logits[:, -1])
         tokens[b, len(pr)] = nxt[0]
-        lens[b], lens_t[b], n[b], slot[b], taken[b] = len(pr), len(pr), len(pr) + 1, i, False
+        lens[b], n[b], slot[b], taken[b] = len(pr), len(pr) + 1, i, False
         done[b] = max_new_tokens == 1 or (stop_token is not None and bool(nxt[0] == stop_token))
         if drafter is not None:
             drafter.refill(b, tokens, n, torch.cat(hidden, -1) if hidden else None)
@@ -350,7 +348,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         n_new = torch.where(done, torch.zeros_like(n_acc), n_acc + 1)
         # never commit past a row's budget: the excess would be cut anyway, and a finished row
         # keeps riding along in the batch, so its n must stay within the T_max buffers
-        n_new = torch.minimum(n_new, max_new_tokens - (n - lens_t))
+        n_new = torch.minimum(n_new, max_new_tokens - (n - lens))
         # commit d_1..d_n and then the emitted token, per row
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
         new = torch.cat([drafts, nxt[:, None]], 1)
@@ -378,7 +376,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # rows finish on their token budget or on the stop token (among what they just committed)
         if stop_token is not None:
             done |= (keep & (new == stop_token)).any(1)
-        done |= n - lens_t >= max_new_tokens
+        done |= n - lens >= max_new_tokens
         retire()
 
     stats["tokens_per_row"] = [len(o) for o in outputs]
