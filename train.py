@@ -103,6 +103,12 @@ def check_args(args, names):
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
 
 
+def eta_s(budget, elapsed, step, max_steps):
+    """Seconds left: the run ends at its time budget or at --max-steps, whichever comes first."""
+    left = max(budget - elapsed, 0)
+    return min(left, (max_steps - step) * elapsed / step) if max_steps else left
+
+
 def main(args):
     check_args(args, ["batch_size", "eval_every", "eval_batches"])
     torch.manual_seed(args.seed)
@@ -184,8 +190,7 @@ def main(args):
         tokens_seen += xy.shape[0] * seq_len
         if step % args.eval_every == 0 or step == 1:
             val_loss, bpb = evaluate(model, val_batches, enc)
-            el = time.time() - t_start
-            eta = max(budget - el, 0) if not args.max_steps else min(max(budget - el, 0), (args.max_steps - step) * el / step)
+            eta = eta_s(budget, time.time() - t_start, step, args.max_steps)
             mtp_s = f" | mtp {' '.join(f'{l.item():.2f}' for l in mtp_losses)}" if mtp_mod else ""
             print(f"step {step:5d} | train {loss.item():.3f} | val {val_loss:.3f} ({bpb:.3f} bpb){mtp_s} | "
                   f"lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)

@@ -31,7 +31,7 @@ import torch
 
 import data
 from model import get_device, load_target, save_checkpoint, load_checkpoint, weights_hash
-from train import check_args
+from train import check_args, eta_s
 
 
 # -----------------------------------------------------------------------------
@@ -175,8 +175,7 @@ def main(args):
         step += 1
         if step % args.eval_every == 0 or step == 1:
             vl, acc = evaluate(model, target, val, val_feats, args.batch_size)
-            el = time.time() - t0  # the run ends at the budget or at --max-steps, whichever comes first
-            eta = max(budget - el, 0) if not args.max_steps else min(max(budget - el, 0), (args.max_steps - step) * el / step)
+            eta = eta_s(budget, time.time() - t0, step, args.max_steps)
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
