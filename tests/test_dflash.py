@@ -10,17 +10,21 @@ from model import apply_rope
 import speculate
 
 
-def setup(seed=0, block_size=8, n_layer=2):
-    target = tiny_model(seed)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    torch.manual_seed(seed + 100)
-    df = DFlash(target.cfg, n_layer=n_layer, n_features=3, block_size=block_size, anchors=6).eval()
+def random_dflash(cfg, seed=0, block_size=8, n_layer=2):
+    torch.manual_seed(seed)
+    df = DFlash(cfg, n_layer=n_layer, n_features=3, block_size=block_size, anchors=6).eval()
     with torch.no_grad():  # big random weights so that every input matters
         for p in df.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.2)
-    return target, df
+    return df
+
+
+def setup(seed=0, block_size=8, n_layer=2):
+    target = tiny_model(seed)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, random_dflash(target.cfg, seed + 100, block_size, n_layer)
 
 
 def feats_of(target, df, tokens):

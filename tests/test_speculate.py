@@ -150,23 +150,19 @@ def test_batch_rows_equal_rows_alone(name):
 # continuous batching: a row that finishes takes the next prompt
 
 def feature_drafter(name, target):
-    """mtp / eagle / dflash with large random weights on `target` (their state is what a
-    refill must reset: caches, features, context K/V)."""
-    torch.manual_seed(11)
+    """mtp / eagle / dflash with random weights on `target`, from their own test files (their
+    state is what a refill must replace: caches, features, context K/V)."""
     if name == "mtp":
-        from mtp import MTP, MTPDrafter
-        return MTPDrafter(target, MTP(target.cfg, 3).eval())
+        from mtp import MTPDrafter
+        from test_mtp import random_mtp
+        return MTPDrafter(target, random_mtp(target))
     if name == "eagle":
-        from draft_eagle import Eagle, EagleDrafter
-        model, std = Eagle(target.cfg, ttt_steps=3).eval(), 0.15
-    else:
-        from draft_diffusion import DFlash, DFlashDrafter
-        model, std = DFlash(target.cfg, n_layer=2, n_features=3, block_size=8).eval(), 0.2
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, std)
-    return EagleDrafter(target, model) if name == "eagle" else DFlashDrafter(target, model)
+        from draft_eagle import EagleDrafter
+        from test_eagle import random_eagle
+        return EagleDrafter(target, random_eagle(target))
+    from draft_diffusion import DFlashDrafter
+    from test_dflash import random_dflash
+    return DFlashDrafter(target, random_dflash(target.cfg))
 
 
 class Recorder:
