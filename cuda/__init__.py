@@ -142,6 +142,13 @@ def _build_dir(name):
     return build_dir
 
 
+def failure(e):
+    """A build error in one line: its type and the last non-empty line of its message (the
+    compiler's output above it is what --verbose shows)."""
+    lines = [s for s in str(e).strip().splitlines() if s.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
 def _build(verbose=False):
     """Compile and import the extension; raises with a readable reason."""
     from torch.utils import cpp_extension
@@ -168,8 +175,7 @@ def load(verbose=False):
         except BaseException as e:  # a compiler error, no ninja, Ctrl-C during the build ...
             if isinstance(e, KeyboardInterrupt):
                 raise
-            lines = [s for s in str(e).strip().splitlines() if s.strip()]
-            _ext_error = f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+            _ext_error = failure(e)
         else:
             variant = "CUDA + host" if _ext.with_cuda else "host only, no CUDA device"
             _announce(f"extension built ({variant}) in {time.time() - t0:.1f} s")
@@ -220,7 +226,7 @@ def active_path(device):
         try:
             load_emu()
         except Exception as e:
-            return "reference", f"emulation build failed: {str(e).strip().splitlines()[-1][:200]}"
+            return "reference", f"emulation build failed: {failure(e)}"
         return "emulation", "the CUDA kernels' code, emulated on the CPU (cuda/emu.h)"
     if device.type == "cpu" and mode != "host":
         return "reference", f"CPU tensors, no build; {ENV}=host runs the extension's host loops"

@@ -179,7 +179,7 @@ def main():
         try:
             ext = cuda.load_emu(verbose=args.verbose)
         except Exception as e:
-            print(f"cuda: emulation not built: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+            print(f"cuda: emulation not built: {cuda.failure(e)}")
             return 1
     else:
         ext = cuda.load(verbose=args.verbose)
