@@ -122,6 +122,14 @@ class MTPDrafter:
         pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
         self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
 
+    def _run(self, mod, cache, h, e):
+        """Append positions with inputs h, e (B, m, C) to module mod's cache -> outputs, positions."""
+        pos = cache.positions(h.shape[1])
+        cos, sin = self.target.rope(pos)
+        out = mod(h, e, cos, sin, cache, pos)          # (B, m, C)
+        cache.advance(h.shape[1])
+        return out, pos
+
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
         N = int(n[b])
@@ -129,10 +137,7 @@ class MTPDrafter:
         for k, (mod, cache) in enumerate(zip(self.mtp.mods, self.caches), 1):
             m = max(N - k, 0)  # module k's exact positions 0..N-1-k: their inputs x_{p+k} are committed
             if m:
-                view = cache.row(b)
-                pos = view.positions(m)
-                cos, sin = self.target.rope(pos)
-                out = mod(self.H[k - 1, b:b + 1, :m], self.target.embed(tokens[b:b + 1, k:k + m]), cos, sin, view, pos)
+                out, _ = self._run(mod, cache.row(b), self.H[k - 1, b:b + 1, :m], self.target.embed(tokens[b:b + 1, k:k + m]))
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
@@ -148,13 +153,9 @@ class MTPDrafter:
             cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
             start = cache.lengths.clone()
             p_idx = ragged_positions(start, P)        # (B, m)
-            m = p_idx.shape[1]
             h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
             e = target.embed(ext.gather(1, p_idx + k))
-            pos = cache.positions(m)
-            cos, sin = target.rope(pos)
-            out = mod(h, e, cos, sin, cache, pos)      # (B, m, C)
-            cache.advance(m)
+            out, pos = self._run(mod, cache, h, e)    # (B, m, C), (B, m)
             # write each output at its own position: the padded tail (junk) lands past P, where
             # nothing exact lives. NOTE: scattering at p_idx would put every pad on P too, and
             # scatter_ with repeated indices keeps an arbitrary one (on CPU: the last, a pad)
