@@ -111,7 +111,7 @@ def find_or_train(args, methods, device, dtype):
     ref_dir, out_dir = os.path.join(data.WEIGHTS_DIR, args.preset), os.path.join(args.out, args.preset)
     target = None
     if args.weights:
-        target_path, folders, train_dir = os.path.join(args.weights, "target.pt"), [args.weights], None
+        target_path, folders, train_dir = args.target or os.path.join(args.weights, "target.pt"), [args.weights], None
         target, why = try_load_target(target_path, device, dtype)
         if target is None:
             die(why)
@@ -393,6 +393,8 @@ def get_parser():
                    "greedy losslessness is exact only in float32")
     g.add_argument("--weights", default=None, help="use the checkpoints in this folder (target.pt, draft.pt, mtp.pt, "
                    "eagle.pt, dflash.pt) and train nothing")
+    g.add_argument("--target", default=None, help="with --weights: the target checkpoint, when it is not DIR/target.pt "
+                   "(e.g. drafters trained by train_drafter.py for the committed weights/cpu/target.pt)")
     g.add_argument("--retrain", action="store_true", help="ignore the committed weights/<preset>; use OUT/<preset> "
                    "and train what is missing there (delete it to start over)")
     g.add_argument("--out", default="out", help="folder for trained checkpoints (default %(default)s)")
@@ -415,6 +417,8 @@ def main(argv=None):
             "and top-k >= 1")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
+    if args.target and not args.weights:
+        die("--target names the target for the drafters in --weights DIR; without --weights, bench finds its own")
     named = args.methods is not None
     methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
     for m in methods:

@@ -18,7 +18,8 @@ or `dflash` (draft_diffusion.py).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
    for; loading it against another target is an error.
 
-    python train_drafter.py --method dflash --target out/cpu/target.pt --minutes 10
+    python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
+    python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 """
 
 import argparse
@@ -188,12 +189,16 @@ def main(args):
                                target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
                                train_minutes=minutes, val_agreement=acc))
     print(f"saved {path}")
+    beside = os.path.abspath(args.target) == os.path.abspath(os.path.join(args.out_dir, "target.pt"))
+    print(f"measure it: python bench.py{'' if beside else ' --target ' + args.target} --weights {args.out_dir} "
+          f"--methods {args.method}")
 
 
 def get_parser():
     p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen target.")
     p.add_argument("--method", required=True, choices=["mtp", "eagle", "dflash"], help="which drafter")
-    p.add_argument("--target", default="out/cpu/target.pt", help="target checkpoint")
+    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+                   help="target checkpoint (default: the committed weights/cpu/target.pt; train.py writes out/cpu/target.pt)")
     p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target; "
                    "out/<preset>/weights for the committed weights/<preset>/target.pt)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")

@@ -59,3 +59,25 @@ def test_default_out_dir_never_overwrites_the_committed_weights(tmp_path):
     committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
     assert train_drafter.default_out_dir(committed) == os.path.join(data.DATA_OUT, "cpu", "weights")
     assert train_drafter.default_out_dir(str(tmp_path / "target.pt")) == str(tmp_path)
+
+
+def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path, capsys):
+    """A drafter trained into a folder without its target: train_drafter prints the bench command
+    that measures it (--target names the target), and that command runs it losslessly."""
+    import os
+    import shlex
+    import bench
+    assert train_drafter.get_parser().parse_args(["--method", "mtp"]).target == \
+        os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")  # the committed target, which a fresh clone has
+    run(target_dir, "mtp", "--out-dir", str(tmp_path))
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    assert hint.startswith("measure it: python bench.py --target ")
+    argv = shlex.split(hint.split("bench.py", 1)[1])
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def parse(line):\n")
+    rows = bench.main(argv + ["--preset", "tiny", "--temperatures", "0", "--prompts", str(prompts),
+                              "--max-new-tokens", "8"])
+    assert [r["method"] for r in rows] == ["ar", "mtp"] and rows[1]["lossless"] is True
+    with pytest.raises(SystemExit) as e:  # --target alone: bench finds its own target and drafters
+        bench.main(["--target", str(target_dir / "target.pt")])
+    assert e.value.code == 2 and "--weights" in capsys.readouterr().err
