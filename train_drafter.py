@@ -190,7 +190,8 @@ def main(args):
                                train_minutes=minutes, val_agreement=acc))
     print(f"saved {path}")
     beside = os.path.abspath(args.target) == os.path.abspath(os.path.join(args.out_dir, "target.pt"))
-    print(f"measure it: python bench.py{'' if beside else ' --target ' + args.target} --weights {args.out_dir} "
+    rel = os.path.relpath
+    print(f"measure it: python bench.py{'' if beside else ' --target ' + rel(args.target)} --weights {rel(args.out_dir)} "
           f"--methods {args.method}")
 
 
