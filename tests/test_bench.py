@@ -66,6 +66,8 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
     # the sweep runs at the first temperature (0 here), so each row is checked against ar at its batch size
     assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])
+    # tau is tokens per pass *per row*: plain decoding commits exactly one per row and pass at any batch size
+    assert all(s["tau"] == 1.0 for s in report["batch_sweep"] if s["method"] == "ar")
     root = ET.parse(svg).getroot()  # well-formed XML
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
@@ -132,3 +134,21 @@ def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_pa
     assert draft["method"] == sweep["method"] == "draft"
     assert draft["lossless"] is False and draft["mismatches"] > 0 and "NO (" in out
     assert sweep["lossless"] is False and sweep["mismatches"] > 0 and "draft" in out and "x*" in out
+
+
+def test_predicted_speedup_and_lossless_arithmetic():
+    """Made-up stats at batch 2 (row passes != verify passes): E = 1 + 1 + 0.5 tokens per pass,
+    t_ar = 4 s / 4 passes, one pass of the method = (1 s + 1 s) / 2 passes -> 2.5x."""
+    st = dict(alpha=[1.0, 0.5], draft_s=1.0, verify_s=1.0, verify_passes=2, row_passes=4)
+    ar = dict(wall_s=4.0, verify_passes=4, row_passes=8)
+    assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
+    assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token
+    assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 1.0) == dict(lossless=None, mismatches=0)  # sampled: by design
+
+
+def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
+    from model import save_checkpoint
+    save_checkpoint(str(tmp_path / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
+    assert bench.usable("eagle", [str(tmp_path)], "def") is None
+    assert "trained for another target" in capsys.readouterr().out
+    assert bench.usable("eagle", [str(tmp_path / "missing"), str(tmp_path)], "abc") == str(tmp_path)

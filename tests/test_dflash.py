@@ -143,6 +143,8 @@ def test_greedy_dflash_equals_plain_decoding(S, B):
     outs, st = speculate.generate(target, prompts, dr, max_new_tokens=25, K=S - 1)
     assert outs == [naive_generate(target, p, 25) for p in prompts]
     assert len(st["acceptance_per_position"]) == S - 1
+    att = st["attempts_per_position"]
+    assert att[-1] == att[0] > 0  # every pass drafted the whole block: K = S - 1 tokens
 
 
 @torch.no_grad()

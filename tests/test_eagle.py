@@ -130,6 +130,28 @@ def test_ttt_matches_inference_chain():
         assert d.cache.lengths.tolist() == [x + 5 for x in anchors]
 
 
+@torch.no_grad()
+def test_propose_is_the_chain_that_feeds_back_its_own_feature():
+    """propose == catch_up, then step(h, d) K-1 times, each step given the feature h the
+    previous one returned and its argmax draft d. Dropping the feedback keeps decoding
+    lossless (only the drafts change), so no equality-with-plain-decoding test can see it."""
+    target = frozen(tiny_model(3))
+    e = random_eagle(target, seed=2)
+    tok = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
+    n = torch.tensor([9, 14])
+    feats = features(target, tok, e.hidden_layers)
+    d = EagleDrafter(target, e)
+    d.prefill(tok, n, feats)
+    drafts, _ = d.propose(tok, n, K=4)
+    d.prefill(tok, n, feats)
+    h, lg = d.catch_up(tok, n)
+    chain = []
+    for _ in range(4):
+        chain.append(lg.argmax(-1))
+        h, lg = d.step(h, chain[-1])
+    assert torch.equal(drafts, torch.stack(chain, 1))
+
+
 @pytest.mark.parametrize("is_trained", [False, True])
 def test_greedy_equals_plain_decoding(is_trained, trained):
     if is_trained:

@@ -103,6 +103,30 @@ def test_cache_overflow_and_long_prompt_errors():
     cache = m.new_cache(1, max_len=8)
     with pytest.raises(ValueError, match="overflow"):
         m(torch.zeros(1, 9, dtype=torch.long), cache)
+    m(torch.zeros(1, 8, dtype=torch.long), cache)  # exactly full is fine
+    assert cache.lengths.tolist() == [8]
+
+
+def test_rope_angles_are_position_times_theta_to_the_minus_2i_over_d():
+    """RoPE's frequencies, checked against values worked out by hand (attention only sees
+    relative positions, so a wrong frequency would pass every equality test of this file)."""
+    from model import Config
+    cfg = Config(vocab_size=8, n_layer=1, n_head=1, n_kv_head=1, n_embd=4, mlp_hidden=8, max_seq_len=3, rope_theta=100.0)
+    cos, sin = rope_table(cfg)  # head_dim 4: frequencies 100^0 = 1 and 100^(-2/4) = 0.1
+    angles = torch.tensor([[0.0, 0.0], [1.0, 0.1], [2.0, 0.2]])
+    assert torch.allclose(cos, angles.cos()) and torch.allclose(sin, angles.sin())
+
+
+def test_temperature_and_top_k_warp():
+    """Sampling tests compare against distributions built with the same warp, so the warp itself
+    is checked here: logits / T, then only the k largest keep mass."""
+    from model import logits_to_probs
+    logits = torch.randn(5, 20, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(logits_to_probs(logits, 0.5), torch.softmax(2 * logits, -1), atol=1e-6)
+    p = logits_to_probs(logits, 1.0, top_k=3)
+    assert ((p > 0).sum(-1) == 3).all()
+    top = logits.topk(3, -1)
+    assert torch.allclose(p.gather(-1, top.indices), torch.softmax(top.values, -1), atol=1e-6)
 
 
 def test_checkpoint_errors(tmp_path):

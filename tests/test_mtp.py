@@ -151,6 +151,46 @@ def test_module_caches_match_non_incremental(kind):
         assert len(set(st["row_passes"])) > 1 and drafter.max_catch_up > DEPTH
 
 
+@torch.no_grad()
+def test_margin_gate_stops_only_when_every_row_is_unsure():
+    """The gate ends a batched draft early only when all rows are below the margin: one sure
+    row keeps drafting (the unsure rows' extra drafts cost little and are verified anyway)."""
+    target = random_target()
+    heads = random_mtp(target)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.zeros(2, 24, dtype=torch.long)
+    tokens[:, :10] = torch.randint(0, V, (2, 10), generator=g)
+    n = torch.tensor([10, 10])
+    feats = target(tokens[:, :9], hidden_layers=(target.cfg.n_layer,))[1][0]
+    # module 1's logits for each row, computed from scratch: the gate looks at their top-2 gap
+    gaps = [float(logits.topk(2).values[0] - logits.topk(2).values[1])
+            for logits in (mtp_reference(target, heads, tokens[b, :10].tolist(), [0])[0][1] for b in range(2))]
+    assert abs(gaps[0] - gaps[1]) > 1e-3, gaps
+    for margin, fewest, most in [(sum(gaps) / 2, 2, DEPTH), (max(gaps) + 1, 1, 1)]:  # one row sure / none
+        drafter = MTPDrafter(target, heads, n_draft=DEPTH, margin=margin)
+        drafter.prefill(tokens, n, feats)
+        drafts, _ = drafter.propose(tokens, n, K=DEPTH)
+        assert fewest <= drafts.shape[1] <= most, (margin, gaps, drafts.shape)
+
+
+@torch.no_grad()
+def test_training_losses_are_the_inference_modules_cross_entropies():
+    """MTP.losses (training) against mtp_reference (inference, run from scratch): module k's loss
+    is the cross-entropy of its logits at position t against x_{t+k+1}. A shifted label or
+    input would still be learnable, so only this comparison can see it."""
+    target = random_target()
+    heads = random_mtp(target)
+    seq = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    N = len(seq)
+    _, hid = target(torch.tensor([seq[:N - 1]]), hidden_layers=(target.cfg.n_layer,))
+    losses = heads.losses(target, torch.tensor([seq]), hid[0])[0]
+    ref = mtp_reference(target, heads, seq, [0] * DEPTH)  # positions t <= N-2-k see committed tokens only
+    for k, (hidden, _) in enumerate(ref, 1):
+        logits = target.head(heads.mods[k - 1].out_norm(hidden[:N - 1 - k]))
+        want = torch.nn.functional.cross_entropy(logits, torch.tensor(seq[k + 1:N]))
+        assert torch.allclose(losses[k - 1], want, atol=1e-5), k
+
+
 # -----------------------------------------------------------------------------
 # sampling with mtp's real q is lossless
 

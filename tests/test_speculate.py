@@ -266,18 +266,25 @@ SAMPLE_PROMPT = (3, 1, 4, 1, 5)
 
 
 def sampling_drafters():
+    from draft_diffusion import DFlashDrafter
+    from test_dflash import random_dflash
+    t = sampling_target()
     return {"plain": None,
             "draft-q": ModelDrafter(near_model(), sample=True),     # real q
             "draft-argmax": ModelDrafter(near_model(), sample=False),  # argmax q (one-hot)
-            "ngram": NgramDrafter(n=2)}                            # argmax q from prompt lookup
+            "ngram": NgramDrafter(n=2),                            # argmax q from prompt lookup
+            # each block slot drawn from its own q, as bench runs DFlash at T > 0
+            "dflash-q": DFlashDrafter(t, random_dflash(t.cfg, block_size=4), sample=True)}
 
 
-@pytest.mark.parametrize("name", ["plain", "draft-q", "draft-argmax", "ngram"])
+@pytest.mark.parametrize("name", ["plain", "draft-q", "draft-argmax", "ngram", "dflash-q"])
 def test_sampling_is_lossless(name):
     tv, bound, st = sampled_tv(sampling_target(), SAMPLE_PROMPT, sampling_drafters()[name])
     assert tv < bound, f"{name}: TV {tv:.3f} >= bound {bound:.3f}"
     if name.startswith("draft"):  # both the accept and the reject branches were exercised
         assert 0.1 < st["acceptance_per_position"][0] < 0.9, st["acceptance_per_position"]
+    if name == "dflash-q":  # a random drafter: rarely right, but not never
+        assert 0.05 < st["acceptance_per_position"][0] < 0.9, st["acceptance_per_position"]
 
 
 def test_sampling_is_lossless_with_continuous_batching():
@@ -332,6 +339,20 @@ def test_accept_all_then_bonus_from_last_p():
     n, nxt = accept_scan_ref(torch.tensor([[[0., 5., 1., 0.], [0., 0., 9., 1.], [2., 0., 0., 1.]]]),
                              torch.tensor([[1, 2]]))
     assert n.tolist() == [2] and nxt.tolist() == [0]
+
+
+def test_bonus_ignores_q_when_every_draft_is_accepted():
+    """All K drafts accepted (u = 0): the bonus comes from p_{K+1} alone. There is no q_{K+1},
+    so nothing may be subtracted from it; q_K != p_{K+1} makes a wrong subtraction show."""
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]])  # (1, 3, 4)
+    q = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]]])
+    drafts = torch.tensor([[1, 2]])
+    picks = Counter()
+    for i in range(64):  # inverse CDF over a grid of u: each token of a uniform p_3 gets 16
+        n, nxt = accept_scan_ref(p, drafts, q, torch.tensor([[0.0, 0.0, (i + 0.5) / 64]]))
+        assert n.tolist() == [2]
+        picks[int(nxt)] += 1
+    assert picks == {0: 16, 1: 16, 2: 16, 3: 16}
 
 
 def test_first_rejected_samples_the_residual():
@@ -493,6 +514,49 @@ def test_stop_token_stops_its_row_only(name):
     refilled, _ = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=4,
                                      stop_token=stop, batch_size=1)
     assert refilled == cut
+
+
+class StopProposer(NgramDrafter):
+    """Always drafts the stop token: every draft is rejected by a target that never says it."""
+
+    def __init__(self, stop):
+        super().__init__()
+        self.stop = stop
+
+    def propose(self, tokens, n, K, **kw):
+        return torch.full((tokens.shape[0], K), self.stop), None
+
+
+def test_a_rejected_draft_of_the_stop_token_does_not_stop():
+    """Only committed tokens can stop a row, never the rejected drafts after them."""
+    target, prompt = random_target(), list(prompts("random")[0])
+    ref = reference("random", tuple(prompt), MAX_NEW)
+    stop = next(t for t in range(V) if t not in ref)
+    outs, _ = speculate.generate(target, [prompt], StopProposer(stop), max_new_tokens=MAX_NEW, K=4, stop_token=stop)
+    assert outs[0] == ref
+
+
+def test_acceptance_counts_only_rows_still_decoding():
+    """The target drafting for itself has every draft accepted, also after some rows are done:
+    a finished row riding along in a pass is no draft attempt."""
+    target = loopy_target()
+    batch = [list(p) for p in prompts("repetitive")[:4]]
+    _, st = speculate.generate(target, batch, ModelDrafter(target), max_new_tokens=MAX_NEW, K=4, batch_size=3)
+    assert st["acceptance_per_position"] == [1.0] * 4
+
+
+def test_a_one_token_budget_needs_no_verify_pass_after_a_refill():
+    """The prompt pass already yields the first token: a prompt with max_new_tokens = 1 is done
+    after its prefill, whether it starts a batch or takes over a row."""
+    batch = [list(p) for p in prompts("random")[:3]]
+    outs, st = speculate.generate(random_target(), batch, NgramDrafter(), max_new_tokens=1, K=4, batch_size=1)
+    assert outs == [list(reference("random", tuple(p), 1)) for p in batch]
+    assert st["row_passes"] == [1, 1, 1] and st["verify_passes"] == 3 and st["tau"] == 1.0
+
+
+def test_ngram_copies_what_followed_the_latest_occurrence():
+    # the key (1, 2) occurs at 0 and 3; what followed its latest occurrence (7) is the better bet
+    assert NgramDrafter(n=2)._lookup([1, 2, 9, 1, 2, 7, 1, 2], 1) == [7]
 
 
 def test_bad_input_raises_clear_errors():

@@ -54,6 +54,16 @@ def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
     assert d["train"].shape == (8, 16 + 24) and d["val"].shape == (4, 16 + 24)
 
 
+def test_two_targets_sharing_an_out_dir_get_their_own_distillation_data(target_dir, tmp_path, capsys):
+    """The cached data is the target's own text, so its file is named by the target's hash."""
+    for name in ("target.pt", "other.pt"):
+        train_drafter.main(train_drafter.get_parser().parse_args(
+            ["--method", "mtp", "--target", str(target_dir / name), "--out-dir", str(tmp_path), *ARGS,
+             "--max-steps", "1"]))
+    assert "distill: reusing" not in capsys.readouterr().out
+    assert len(list(tmp_path.glob("distill_*.pt"))) == 2
+
+
 def test_default_out_dir_never_overwrites_the_committed_weights(tmp_path):
     import os
     committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
