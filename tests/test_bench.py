@@ -5,6 +5,8 @@ tau, the greedy lossless check, a well-formed SVG; and the one-line errors for b
     python -m pytest -q tests/test_bench.py
 """
 
+import argparse
+import os
 import json
 import xml.etree.ElementTree as ET
 
@@ -152,3 +154,77 @@ def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
     assert bench.usable("eagle", [str(tmp_path)], "def") is None
     assert "trained for another target" in capsys.readouterr().out
     assert bench.usable("eagle", [str(tmp_path / "missing"), str(tmp_path)], "abc") == str(tmp_path)
+
+
+def test_card_warns_when_the_target_loops(capsys):
+    import bench
+    from test_model import tiny_model
+    args = bench.get_parser().parse_args(["--preset", "tiny"])
+    for r, warn in ((0.5, True), (0.05, False)):
+        bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {}, "src", 2, {0.0: r})
+        assert ("WARNING" in capsys.readouterr().out) == warn, r
+
+
+def test_measure_reports_the_median_run(monkeypatch):
+    import bench
+    walls = iter([3.0, 1.0, 2.0])
+    monkeypatch.setattr(bench, "run", lambda *a: ([], {"wall_s": next(walls)}))
+    args = argparse.Namespace(repeats=3)
+    assert bench.measure(None, None, [], 0, 0.0, args, 1)[1]["wall_s"] == 2.0
+
+
+def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file):
+    import bench
+    rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+                       "--prompts", str(prompts_file), "--max-new-tokens", "12", "--batch-size", "2"])
+    ar = rows[0]
+    assert ar["new_tokens"] == 24 and ar["verify_passes"] == 12  # one pass commits a token for both rows
+
+
+def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
+    import bench
+    from test_model import tiny_model
+    calls = []
+    real = bench.generate
+    monkeypatch.setattr(bench, "generate", lambda t, p, *a, **k: calls.append((len(p), k["batch_size"])) or real(t, p, *a, **k))
+    args = argparse.Namespace(continuous=True, max_new_tokens=3, top_k=None, seed=0)
+    outs, _ = bench.run(tiny_model(), None, [[1, 2], [3], [4, 5, 6]], 0, 0.0, args, 1)
+    assert calls == [(3, 1)] and len(outs) == 3
+    calls.clear()
+    args.continuous = False
+    bench.run(tiny_model(), None, [[1, 2], [3], [4, 5, 6]], 0, 0.0, args, 1)
+    assert calls == [(1, 1)] * 3
+
+
+def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
+    import bench, data
+    from model import load_target, save_checkpoint, weights_hash
+    from test_model import save_tiny
+    ref = tmp_path / "weights" / "tiny"
+    outw = tmp_path / "out" / "tiny" / "weights"
+    save_tiny(ref / "target.pt", seed=0)
+    th = weights_hash(*(lambda t: (t.cfg, t.state_dict()))(load_target(str(ref / "target.pt"))))
+    for d in (ref, outw):
+        save_checkpoint(str(d / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash=th))
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    args = argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
+    _, path, found, skipped = bench.find_or_train(args, ["ar", "eagle"], torch.device("cpu"), torch.float32)
+    assert path == str(ref / "target.pt") and found == {"eagle": str(ref)} and not skipped
+
+
+def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
+    import bench
+    from draft_eagle import Eagle
+    from model import load_target, save_checkpoint, weights_hash
+    target = load_target(str(weights / "target.pt"))
+    torch.manual_seed(0)
+    e = Eagle(target.cfg, ttt_steps=2)
+    save_checkpoint(str(weights / "eagle.pt"), dict(kind="eagle", config=e.config_dict(), state_dict=e.state_dict(),
+                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
+    try:
+        rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,eagle", "--temperatures", "0",
+                           "--prompts", str(prompts_file), "--max-new-tokens", "6", "--K", "3"])
+    finally:
+        os.remove(weights / "eagle.pt")
+    eagle = rows[1]
+    assert eagle["method"] == "eagle" and eagle["K"] == 3 and len(eagle["acceptance_per_position"]) == 3

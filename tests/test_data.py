@@ -168,3 +168,34 @@ def test_heldout_samples(enc):
     assert len(sources) >= 20  # spread across files, not 24 cuts of one file
     short = data.heldout_samples(10, max_prompt_tokens=24)
     assert all(len(enc.encode_ordinary(p)) <= 24 for p, _ in short)
+
+
+def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
+    import data
+    enc = data.get_encoding()
+    prompt = "def f(x):\n    y = x + 1\n    z = y * 2\n    return z\n"
+    cont = "".join(f"value_{i} = compute({i})\n" for i in range(20))
+    monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", prompt + cont)]))
+    n = len(enc.encode_ordinary(prompt))
+    assert data.heldout_samples(1, max_prompt_tokens=n) == [(prompt, cont[:1500])]
+    assert data.heldout_samples(1, max_prompt_tokens=n - 1) == []
+
+
+def test_tokenizer_hash_covers_the_split_pattern(monkeypatch):
+    import data
+    h = data.tokenizer_hash()
+    monkeypatch.setattr(data, "PAT_STR", data.PAT_STR + r"|\s")
+    assert data.tokenizer_hash() != h
+
+
+def test_bins_are_rebuilt_for_another_tokenizer(tmp_path, monkeypatch, capsys):
+    import data
+    for s in ("a", "b"):
+        (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
+    monkeypatch.setattr(data, "corpus_files", lambda: {"train": [("a", str(tmp_path / "a.py"))],
+                                                       "val": [("b", str(tmp_path / "b.py"))]})
+    out = str(tmp_path / "out")
+    assert data._prepare(out, False)["tokenizer_hash"] == data.tokenizer_hash()
+    monkeypatch.setattr(data, "tokenizer_hash", lambda path=None: "another")
+    meta = data._prepare(out, False)
+    assert meta["tokenizer_hash"] == "another" and "rebuilding" in capsys.readouterr().out

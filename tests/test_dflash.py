@@ -194,3 +194,77 @@ def test_short_training_run_learns():
         opt.zero_grad(); loss.backward(); opt.step()
     after = agreement()
     assert after[0] > max(0.5, before[0] + 0.3), (before, after)
+
+
+def test_sampled_anchors_leave_a_label_and_a_context_position():
+    """T = 4, two anchors: only a in {1, 2} has context and a label, so labels = 2 + 1 every time."""
+    from test_dflash import feats_of, setup
+    target, df = setup(block_size=4)
+    df.anchors = 2
+    tokens = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(0))
+    feats = feats_of(target, df, tokens)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for _ in range(20):
+            assert int(df.loss(target, tokens, feats)[1]["count"].sum()) == 3
+
+
+@torch.no_grad()
+def test_block_at_the_context_edge_trains():
+    """A sequence as long as the target's context, anchored near its end: the block's slots past
+    the RoPE table take part (masked out of the loss) without indexing past the table."""
+    from test_dflash import feats_of, setup
+    target, df = setup(block_size=8)
+    T = target.cfg.max_seq_len
+    tokens = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(0))
+    loss, st = df.loss(target, tokens, feats_of(target, df, tokens), torch.tensor([[T - 3]]))
+    assert torch.isfinite(loss) and int(st["count"].sum()) == 2
+
+
+@torch.no_grad()
+def test_context_feature_is_rms_normed():
+    """c = RMSNorm(fc(feats)): scale-free in the target's features."""
+    from test_dflash import setup
+    _, df = setup()
+    f = torch.randn(2, 5, df.fc.in_features)
+    assert torch.allclose(df.context(3 * f), df.context(f), atol=1e-5)
+
+
+@torch.no_grad()
+def test_context_keys_are_k_normed_like_the_block_keys():
+    """context_kv's k is k_norm(W_k c) (what project_kv computes before RoPE): scale-free in c;
+    v = W_v c is linear."""
+    from test_dflash import setup
+    _, df = setup()
+    c = torch.randn(2, 5, df.cfg.n_embd)
+    k1, v1 = df.context_kv(c)
+    k3, v3 = df.context_kv(3 * c)
+    assert torch.allclose(k1, k3, atol=1e-5) and torch.allclose(v3, 3 * v1, atol=1e-5)
+    D2 = df.cfg.head_dim // 2
+    ones, zeros = torch.ones(2, 1, 5, D2), torch.zeros(2, 1, 5, D2)  # RoPE at angle 0: no rotation
+    k_ref, _ = df.layers[0].attn.project_kv(c, ones, zeros)
+    assert torch.allclose(k1[0].transpose(1, 2), k_ref, atol=1e-6)
+
+
+@torch.no_grad()
+def test_refill_writes_the_new_prompt_from_position_0():
+    from draft_diffusion import DFlashDrafter
+    from model import apply_rope
+    from test_dflash import feats_of, setup
+    target, df = setup()
+    dr = DFlashDrafter(target, df)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.zeros(2, 40, dtype=torch.long)
+    tokens[:, :10] = torch.randint(0, 97, (2, 10), generator=g)
+    n = torch.tensor([10, 6])
+    dr.prefill(tokens, n, feats_of(target, df, tokens[:, :9]))
+    new = torch.randint(0, 97, (1, 7), generator=g)
+    tokens[0] = 0
+    tokens[0, :7] = new[0]
+    n = torch.tensor([7, 6])
+    dr.refill(0, tokens, n, feats_of(target, df, new[:, :6]))
+    assert dr.ctx_len.tolist() == [6, 5]
+    k, v = df.context_kv(df.context(feats_of(target, df, new[:, :6])))
+    cos, sin = target.rope(torch.arange(6)[None])
+    assert torch.allclose(dr.ck[:, 0:1, :, :6], apply_rope(k.transpose(2, 3), cos, sin), atol=1e-5)
+    assert torch.allclose(dr.cv[:, 0:1, :, :6], v.transpose(2, 3), atol=1e-5)

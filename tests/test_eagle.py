@@ -236,3 +236,24 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
     other = tiny_model(6)
     with pytest.raises(ValueError, match="eagle.pt"):
         load_drafter(other, str(tmp_path))
+
+
+@torch.no_grad()
+def test_unroll_steps_are_weighted_0_8_to_the_j():
+    import torch.nn.functional as F
+    from test_eagle import features, frozen, random_eagle
+    from test_model import tiny_model
+    target = frozen(tiny_model(1))
+    e = random_eagle(target, ttt_steps=3)
+    tok = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    feats = features(target, tok, e.hidden_layers)
+    labels = tok[:, 2:]
+    ces = [F.cross_entropy(e.logits(target, h[:, j:]).flatten(0, 1), labels[:, j:].flatten())
+           for j, h in enumerate(e.unroll(target, tok, feats))]
+    want = sum(0.8 ** j * c for j, c in enumerate(ces)) / sum(0.8 ** j for j in range(3))
+    assert torch.allclose(e.loss(target, tok, feats)[0], want, atol=1e-6)
+
+
+def test_four_layer_target_gets_low_middle_high_taps():
+    from draft_eagle import default_layers
+    assert default_layers(4) == (1, 2, 3) and default_layers(3) == (1, 2, 3)

@@ -174,3 +174,29 @@ def test_get_device_refuses_what_this_machine_cannot_run():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device visible"):
             get_device("cuda")
+
+
+def test_weights_hash_covers_the_config():
+    from dataclasses import replace
+    from model import weights_hash
+    from test_model import tiny_model
+    m = tiny_model()
+    assert weights_hash(m.cfg, m.state_dict()) != weights_hash(replace(m.cfg, rope_theta=500.0), m.state_dict())
+
+
+def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
+    from model import export_checkpoint, load_checkpoint, save_checkpoint
+    save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict={"w": torch.ones(2)},
+                                                 optimizer={"state": {0: torch.ones(3)}}))
+    export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
+    ck = load_checkpoint(str(tmp_path / "b.pt"))
+    assert "optimizer" not in ck and ck["state_dict"]["w"].dtype == torch.bfloat16
+
+
+def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):
+    from model import get_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert get_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="only 1 CUDA device"):
+        get_device("cuda:1")

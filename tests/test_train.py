@@ -1,10 +1,12 @@
 """train.py really trains (validation loss falls on the tiny preset), and checkpoints are
 checked on load: wrong tokenizer, corrupt file, bad prompts each give a clear error."""
+import argparse
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import data
 import train
@@ -62,3 +64,37 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
 def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
     r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
+def test_lr_schedule_endpoints():
+    import train
+    args = argparse.Namespace(lr=1.0, warmup_steps=10, min_lr_frac=0.1)
+    assert train.lr_at(0.0, 0, args) == pytest.approx(0.1)     # warm-up: step 0 already trains
+    assert train.lr_at(0.0, 9, args) == pytest.approx(1.0)     # ... and reaches the peak
+    assert train.lr_at(0.5, 10, args) == pytest.approx(0.55)   # cosine half-way
+    assert train.lr_at(1.0, 10, args) == pytest.approx(0.1)    # fully decayed to lr * min_lr_frac
+
+
+def test_bits_per_byte():
+    """Token ids < 256 are single bytes: bits per byte = nats per token / ln 2."""
+    import math
+    import data, train
+    from test_model import tiny_model
+    xy = torch.randint(32, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    loss, bpb = train.evaluate(tiny_model(), [xy], data.get_encoding())
+    assert bpb == pytest.approx(loss / math.log(2))
+
+
+def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
+    import mtp, train
+    totals, mtps = [], []
+    real_backward, real_losses = torch.Tensor.backward, mtp.MTP.losses
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: totals.append(self.item()) or real_backward(self, *a, **k))
+    monkeypatch.setattr(mtp.MTP, "losses", lambda *a, **k: (lambda r: mtps.append(sum(l.item() for l in r[0])) or r)(real_losses(*a, **k)))
+    for lam in ("0", "0.6"):
+        train.main(train.get_parser().parse_args(
+            ["--preset", "tiny", "--max-steps", "1", "--minutes", "5", "--seq-len", "16", "--batch-size", "2",
+             "--eval-batches", "1", "--quality-prompts", "0", "--mtp-depth", "2", "--mtp-lambda", lam,
+             "--out-path", str(tmp_path / f"t{lam}.pt"), "--threads", "1", "--device", "cpu"]))
+    assert mtps[0] == pytest.approx(mtps[1])  # same seed, same first batch
+    assert totals[1] - totals[0] == pytest.approx(0.6 / 2 * mtps[1], rel=1e-4)

@@ -1,6 +1,8 @@
 """train_drafter.py end to end on a tiny random target (seconds): the distillation data is built
 once and then reused, each method trains, saves a checkpoint that its drafter loads and that
 decodes losslessly, and another target refuses that checkpoint."""
+import argparse
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +93,44 @@ def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path
     with pytest.raises(SystemExit) as e:  # --target alone: bench finds its own target and drafters
         bench.main(["--target", str(target_dir / "target.pt")])
     assert e.value.code == 2 and "--weights" in capsys.readouterr().err
+
+
+def fake_generate(calls):
+    def gen(target, prompts, drafter, *, max_new_tokens, temperature=0.0, seed=None, **kw):
+        calls.append(temperature)
+        return [[0] * max_new_tokens for _ in prompts], {}
+    return gen
+
+
+def test_distill_temperatures_cycle_per_batch(monkeypatch):
+    import data, speculate, train_drafter
+    calls = []
+    monkeypatch.setattr(speculate, "generate", fake_generate(calls))
+    monkeypatch.setattr(data, "load_tokens", lambda split: np.arange(1000, dtype=np.uint16))
+    out = train_drafter.build_distill_data(None, 6, 4, 3, [0.0, 1.0], batch=2)
+    assert out.shape == (6, 7) and calls == [0.0, 1.0, 0.0]
+
+
+def test_validation_distill_data_comes_from_the_val_split(monkeypatch, tmp_path):
+    import data, speculate, train_drafter
+    splits = []
+    monkeypatch.setattr(speculate, "generate", fake_generate([]))
+    monkeypatch.setattr(data, "load_tokens", lambda split: splits.append(split) or np.arange(1000, dtype=np.uint16))
+    args = argparse.Namespace(out_dir=str(tmp_path), n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3,
+                              distill_temperatures="0", seed=0)
+    train, val = train_drafter.get_distill_data(None, args, "abc")
+    assert splits == ["train", "val"] and train.shape == (4, 7) and val.shape == (2, 7)
+
+
+def test_evaluate_sums_agreement_over_all_batches():
+    import train_drafter
+    stats = iter([(1.0, [2, 1], [4, 4]), (3.0, [0, 1], [4, 2])])
+
+    class Fake:
+        def eval(self): pass
+        def train(self): pass
+        def loss(self, target, tok, feats):
+            l, a, c = next(stats)
+            return torch.tensor(l), {"agree": torch.tensor(a), "count": torch.tensor(c)}
+    loss, acc = train_drafter.evaluate(Fake(), None, torch.zeros(4, 3), torch.zeros(4, 3, 1), 2)
+    assert loss == 2.0 and acc == pytest.approx([2 / 8, 2 / 6])
