@@ -189,9 +189,7 @@ def main(args):
                                target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
                                train_minutes=minutes, val_agreement=acc))
     print(f"saved {path}")
-    beside = os.path.abspath(args.target) == os.path.abspath(os.path.join(args.out_dir, "target.pt"))
-    rel = os.path.relpath
-    print(f"measure it: python bench.py{'' if beside else ' --target ' + rel(args.target)} --weights {rel(args.out_dir)} "
+    print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "
           f"--methods {args.method}")
 
 
