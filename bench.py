@@ -411,10 +411,15 @@ def main(argv=None):
         sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
     except ValueError as e:
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
-    if min(temps) < 0 or min([args.batch_size, args.repeats, args.K, args.block_size - 1, args.max_new_tokens,
-                              args.n_prompts, 1 if args.top_k is None else args.top_k, *sizes]) < 1:
-        die("temperatures must be >= 0; batch sizes, repeats, K, block size - 1, max new tokens, n-prompts "
-            "and top-k >= 1")
+    if min(temps) < 0:
+        die(f"--temperatures must be >= 0, got {args.temperatures}")
+    lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
+            "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
+            "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
+            "--top-k": (1 if args.top_k is None else args.top_k, 1)}
+    for flag, (value, low) in lows.items():
+        if value < low:
+            die(f"{flag} must be >= {low}, got {value}")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     if args.target and not args.weights:

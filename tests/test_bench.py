@@ -118,6 +118,20 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     assert e.value.code == 2 and "prompt 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, expect", [
+    (["--n-prompts", "0"], "--n-prompts must be >= 1, got 0"),
+    (["--block-size", "1"], "--block-size must be >= 2, got 1"),
+    (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
+    (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
+    (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
+def test_a_bad_number_names_its_flag_before_any_work(flags, expect, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(flags)
+    out = capsys.readouterr()
+    assert e.value.code == 2 and expect in out.err and out.out == ""  # nothing loaded before the check
+
+
 def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_path, monkeypatch, capsys):
     # a verifier that accepts every draft is fast and wrong: both the table and the sweep must say so
     import speculate
