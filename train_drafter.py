@@ -4,7 +4,7 @@ or `dflash` (draft_diffusion.py).
 
 1. Self-distillation data: the target's own continuations of training prompts, generated in
    batches through the KV cache (speculate.generate, plain decoding) and cached in
-   out/<preset>/distill_<hash>.pt. A drafter should learn what *this* target says, not what
+   out/<preset>/distill_<target hash>_<settings>.pt. A drafter should learn what *this* target says, not what
    the corpus says: that is what its drafts are verified against (DFlash sec. 4, EAGLE).
    By default half the continuations are greedy (T = 0) and half sampled (T = 1), because
    the benchmark runs at both temperatures and a weak target's greedy text loops.
@@ -60,12 +60,19 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
 
 
 def get_distill_data(target, args, target_hash):
-    path = os.path.join(args.out_dir, f"distill_{target_hash}_{args.n_seqs}_{args.prompt_len}_{args.gen_len}.pt")
+    """The cached data when every setting that shapes it matches (all are in the file name),
+    else built and saved."""
+    try:
+        temps = [float(t) for t in args.distill_temperatures.split(",")]
+    except ValueError:
+        raise ValueError(f"--distill-temperatures must be a comma list, got {args.distill_temperatures!r}") from None
+    name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+{args.gen_len}"
+            f"_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
+    path = os.path.join(args.out_dir, name)
     if os.path.exists(path):
         print(f"distill: reusing {path}")
         d = torch.load(path, weights_only=True)
         return d["train"], d["val"]
-    temps = [float(t) for t in args.distill_temperatures.split(",")]
     train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed)
     val = build_distill_data(target, args.n_val_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed + 1, split="val")
     save_checkpoint(path, {"train": train, "val": val})

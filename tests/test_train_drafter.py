@@ -122,6 +122,21 @@ def test_validation_distill_data_comes_from_the_val_split(monkeypatch, tmp_path)
     assert splits == ["train", "val"] and train.shape == (4, 7) and val.shape == (2, 7)
 
 
+def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(monkeypatch, tmp_path, capsys):
+    """Other temperatures, seed or val size make other data: reusing the cached file would
+    train on the wrong text without a word."""
+    import data, speculate, train_drafter
+    monkeypatch.setattr(speculate, "generate", fake_generate([]))
+    monkeypatch.setattr(data, "load_tokens", lambda split: np.arange(1000, dtype=np.uint16))
+    base = dict(out_dir=str(tmp_path), n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0,1", seed=0)
+    for change in [{}, {"distill_temperatures": "0"}, {"seed": 1}, {"n_val_seqs": 3}, {}]:
+        train_drafter.get_distill_data(None, argparse.Namespace(**{**base, **change}), "abc")
+    assert capsys.readouterr().out.count("distill: reusing") == 1  # only the last, a repeat of the first
+    assert len(list(tmp_path.glob("distill_*.pt"))) == 4
+    with pytest.raises(ValueError, match="--distill-temperatures"):
+        train_drafter.get_distill_data(None, argparse.Namespace(**{**base, "distill_temperatures": "0,hot"}), "abc")
+
+
 def test_evaluate_sums_agreement_over_all_batches():
     import train_drafter
     stats = iter([(1.0, [2, 1], [4, 4]), (3.0, [0, 1], [4, 2])])
