@@ -61,6 +61,7 @@ def test_kv_inject_ref_matches_loop(shape, dtype):
     kv_inject_loop(k_loop, v_loop, *args[2:])
     cuda.kv_inject_ref(*args)
     assert args[5][0] == 0  # row 0 has no new tokens: its cache stays all NaN
+    assert args[4][-1] + args[5][-1] == shape[4]  # the last row writes up to the end of the cache
     assert args[0][:, 0].isnan().all() and args[1][:, 0].isnan().all()
     assert mismatches(args[0], k_loop)[0] == 0 and mismatches(args[1], v_loop)[0] == 0
     assert (~args[0].isnan()).sum() == args[0].shape[0] * shape[2] * shape[3] * int(args[5].sum())
@@ -221,12 +222,15 @@ def test_nvidia_cuda_namespace_still_imports(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_stale_build_lock_is_removed(tmp_path):
+def test_stale_build_lock_is_removed(tmp_path, monkeypatch):
     lock = tmp_path / "lock"
     lock.touch()
     old = time.time() - cuda.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
-    cuda._wait_for_stale_lock(tmp_path)  # returns at once instead of waiting forever
+    # the loop sleeps only while it waits for a live build: waiting on this lock would hang
+    # the test for as long as the lock exists, so the first sleep fails it instead
+    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited on a stale lock instead of removing it"))
+    cuda._wait_for_stale_lock(tmp_path)
     assert not lock.exists()
 
 
@@ -342,6 +346,50 @@ def test_emulator_runs_blocks_like_a_gpu_and_stops_at_a_divergent_barrier(tmp_pa
     out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60).stdout
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
+
+
+# -----------------------------------------------------------------------------
+# the self-check, python -m cuda
+
+def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
+    """python -m cuda --emu: each kernel version on the shapes the README promises (B = 1, 3, 7;
+    K = 1, 15; V = 97, 4099, not multiples of 32), both cache dtypes, all three accept modes."""
+    import cuda.__main__ as selfcheck
+    monkeypatch.setattr(sys, "argv", ["cuda", "--emu"])
+    assert selfcheck.main() == 0
+    out = capsys.readouterr().out
+    rows = {tuple(line.split()[:4]) for line in out.splitlines() if line.startswith(("kv_inject ", "accept_scan "))}
+    kv = {("kv_inject", "emu1", "LBHDTt=" + s, dtype) for s in ("2x1x2x64x64x16", "3x3x1x16x40x7", "4x7x2x64x256x16")
+          for dtype in ("float32", "bfloat16")}
+    accept = {("accept_scan", f"emu{v}", "BKV=" + "x".join(map(str, shape)), mode) for shape in ACCEPT_SHAPES
+              for mode in MODES for v in (cuda.VERSIONS["accept_scan"] if mode == "greedy" else (1,))}
+    assert rows == kv | accept and "all 30 rows match the reference" in out
+
+
+def test_self_check_exits_non_zero_on_a_wrong_token_or_a_stray_write(ext, monkeypatch, capsys):
+    """A module that gets the last row's token wrong, and writes into the last slot of row 0 of
+    the cache, must fail every row of `python -m cuda` and exit 1. In the B = 3 and 7 cases row
+    0 has no new tokens, so that write shows only against the NaN the outputs start as."""
+    import runpy
+
+    class Broken:
+        with_cuda = False
+
+        def accept_scan(self, *args):
+            n, nxt = ext.accept_scan(*args)
+            nxt[-1] += 1
+            return n, nxt
+
+        def kv_inject(self, cache_k, *args):
+            ext.kv_inject(cache_k, *args)
+            cache_k[:, 0, :, -1] = 0.0
+
+    monkeypatch.setattr(cuda, "load", lambda verbose=False: Broken())
+    monkeypatch.setattr(sys, "argv", ["cuda", "--device", "cpu", "--repeat", "1"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(cuda.HERE / "__main__.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "24 rows, 24 with mismatches" in out and out.count("MISMATCH") == 24
 
 
 # -----------------------------------------------------------------------------

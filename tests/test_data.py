@@ -119,6 +119,12 @@ def test_bpe_trainer(tmp_path):
     assert toy.encode_ordinary(" self") == [vocab.index(b" self")]
 
 
+def test_bpe_stops_when_no_pair_is_left():
+    # chunks "ab" and " ab": after the merges "ab" and " ab" every pair count is 0, and a pair
+    # whose count fell to 0 must not be merged (the vocabulary asked for is far larger)
+    assert data.train_bpe(["ab ab"], 1000, verbose=False)[256:] == [b"ab", b" ab"]
+
+
 def test_repeated_ngram_fraction():
     assert data.repeated_ngram_fraction(list(range(50))) == 0.0
     assert data.repeated_ngram_fraction([1] * 8) == 0.0  # shorter than n + 1
@@ -150,6 +156,13 @@ def test_read_prompts_file(tmp_path):
         data.read_prompts_file(empty)
     with pytest.raises(ValueError, match="missing.txt"):
         data.read_prompts_file(tmp_path / "missing.txt")
+    p = tmp_path / "indented.jsonl"  # JSON lines may be indented and separated by whitespace-only lines
+    p.write_text('  {"prompt": "a"}\n   \n\t{"prompt": "b"}\n')
+    assert data.read_prompts_file(p) == ["a", "b"]
+    latin = tmp_path / "latin1.txt"  # not UTF-8: a ValueError that names the file, not a bare UnicodeDecodeError
+    latin.write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt: cannot read"):
+        data.read_prompts_file(latin)
 
 
 def test_heldout_samples(enc):

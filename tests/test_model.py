@@ -140,6 +140,9 @@ def test_checkpoint_errors(tmp_path):
     save_checkpoint(str(other), {"foo": 1})
     with pytest.raises(ValueError, match="not a checkpoint of this project"):
         load_checkpoint(str(other))
+    save_checkpoint(str(other), {"state_dict": {}})  # weights without their config cannot be rebuilt
+    with pytest.raises(ValueError, match="not a checkpoint of this project"):
+        load_checkpoint(str(other))
 
 
 def test_weights_hash_survives_bf16_and_sees_changes():
@@ -147,6 +150,7 @@ def test_weights_hash_survives_bf16_and_sees_changes():
     sd = m.state_dict()
     h = weights_hash(m.cfg, sd)
     assert h == weights_hash(m.cfg, {k: v.bfloat16() for k, v in sd.items()})
+    assert h == weights_hash(m.cfg, dict(reversed(sd.items())))  # the order of a file's keys does not matter
     sd2 = dict(sd)
     sd2["head.weight"] = sd["head.weight"] + 0.1
     assert h != weights_hash(m.cfg, sd2)
@@ -198,5 +202,6 @@ def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert get_device("cuda:0") == torch.device("cuda:0")
+    assert get_device("cuda") == torch.device("cuda")  # no index (None) means device 0
     with pytest.raises(ValueError, match="only 1 CUDA device"):
         get_device("cuda:1")

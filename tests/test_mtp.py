@@ -151,6 +151,12 @@ def test_module_caches_match_non_incremental(kind):
         assert len(set(st["row_passes"])) > 1 and drafter.max_catch_up > DEPTH
 
 
+def test_mtp_draft_is_capped_at_the_depth_and_sets_the_default_K():
+    target = random_target()
+    heads = random_mtp(target)
+    assert [MTPDrafter(target, heads, n_draft=n).default_K for n in (None, 2, 9)] == [DEPTH, 2, DEPTH]
+
+
 @torch.no_grad()
 def test_margin_gate_stops_only_when_every_row_is_unsure():
     """The gate ends a batched draft early only when all rows are below the margin: one sure
@@ -261,4 +267,5 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
     from model import weights_hash
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
-    assert mtp_lib.load_drafter(target, str(tmp_path)).mtp.depth == 2
+    drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
+    assert (drafter.mtp.depth, drafter.n_draft, drafter.margin) == (2, 1, 0.5)

@@ -576,6 +576,9 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], max_new_tokens=0)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
         gen([[1, 2]], temperature=1.0, top_k=0)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        gen([[1, 2]], batch_size=0)
+    assert len(gen([[1] * 239])[0][0]) == 8  # 239 + 8 new + 2K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
@@ -584,6 +587,30 @@ def test_bad_input_raises_clear_errors():
 
 # -----------------------------------------------------------------------------
 # the command line, on the committed reference weights
+
+def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
+    """--check must compare with plain decoding: with an acceptance rule that takes every draft
+    it prints False (a check that decoded speculatively twice would print True). Plain decoding
+    goes through accept_scan too, with no drafts, where this rule changes nothing."""
+    import os
+    import runpy
+    import sys
+    import cuda
+    from data import ROOT
+    from test_model import save_tiny
+    save_tiny(tmp_path / "t.pt")
+    real = cuda.accept_scan
+
+    def take_every_draft(p, drafts, q=None, uniforms=None):
+        n, nxt = real(p, drafts, q, uniforms)
+        return torch.full_like(n, drafts.shape[1]), nxt
+
+    monkeypatch.setattr(cuda, "accept_scan", take_every_draft)
+    monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram", "--prompt",
+                                      "x = 1\nx = 1\n", "--max-new-tokens", "8", "--check", "--device", "cpu"])
+    runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
+    assert "[check] greedy output identical to plain decoding: False" in capsys.readouterr().out
+
 
 def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     import os
@@ -598,6 +625,7 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     assert "greedy output identical to plain decoding: True" in r.stdout
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     for extra, message in [(["--ckpt", str(tmp_path / "bad.pt")], "not a readable checkpoint"),
+                           (["--ckpt", str(tmp_path / "missing.pt")], "no such checkpoint"),
                            (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt"),
                            (["--method", "ngram", "-K", "0"], "K must be >= 1")]:
         r = subprocess.run(cmd + extra, cwd=tmp_path, capture_output=True, text=True)

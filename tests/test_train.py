@@ -37,6 +37,11 @@ def test_checkpoint_of_another_tokenizer_is_refused(tmp_path):
     save_tiny(tmp_path / "t.pt", tokenizer="0123456789ab")
     with pytest.raises(ValueError, match="tokenizer"):
         load_target(str(tmp_path / "t.pt"))
+    ck = load_checkpoint(str(tmp_path / "t.pt"))
+    del ck["tokenizer"]  # no record of the tokenizer is no proof it is this one
+    save_checkpoint(str(tmp_path / "u.pt"), ck)
+    with pytest.raises(ValueError, match="trained with tokenizer None"):
+        load_target(str(tmp_path / "u.pt"))
 
 
 def test_corrupt_and_foreign_files_are_refused(tmp_path):
@@ -64,6 +69,17 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
 def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
     r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
+def test_check_args_and_eta():
+    ok = argparse.Namespace(batch_size=1, minutes=None)
+    train.check_args(ok, ["batch_size"])
+    for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0")]:
+        with pytest.raises(ValueError, match=message):
+            train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"])
+    assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
+    assert train.eta_s(600, 100, 10, 20) == 100    # 10 more steps at 10 s each end the run first
+    assert train.eta_s(600, 700, 10, None) == 0    # past the budget (the last step ran over): 0, not negative
 
 
 def test_lr_schedule_endpoints():
