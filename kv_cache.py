@@ -84,6 +84,8 @@ class KVCache:
         """Row b alone as an empty batch-1 cache over the same buffers (a view: what a forward
         writes into it lands in row b here). For prefilling one row of a running batch with a
         new sequence; then set this cache's lengths[b] from the view's."""
+        if not 0 <= b < self.k.shape[1]:  # a slice past the end would be an empty view, silently
+            raise IndexError(f"row {b} of a cache of {self.k.shape[1]} rows")
         view = copy.copy(self)
         view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
         view.lengths = torch.zeros(1, dtype=torch.long, device=self.lengths.device)

@@ -105,6 +105,9 @@ def test_cache_overflow_and_long_prompt_errors():
         m(torch.zeros(1, 9, dtype=torch.long), cache)
     m(torch.zeros(1, 8, dtype=torch.long), cache)  # exactly full is fine
     assert cache.lengths.tolist() == [8]
+    for b in (1, -1):  # a row that does not exist is an error, not an empty view
+        with pytest.raises(IndexError, match="of a cache of 1 rows"):
+            cache.row(b)
 
 
 def test_rope_angles_are_position_times_theta_to_the_minus_2i_over_d():
