@@ -4,8 +4,9 @@ or `dflash` (draft_diffusion.py).
 
 1. Self-distillation data: the target's own continuations of training prompts, generated in
    batches through the KV cache (speculate.generate, plain decoding) and cached in
-   out/<preset>/distill_<target hash>_<settings>.pt. A drafter should learn what *this* target says, not what
-   the corpus says: that is what its drafts are verified against (DFlash sec. 4, EAGLE).
+   out/<preset>/distill_<target hash>_<settings>.pt. A drafter should learn what *this*
+   target says, not what the corpus says: that is what its drafts are verified against
+   (DFlash sec. 4, EAGLE).
    By default half the continuations are greedy (T = 0) and half sampled (T = 1), because
    the benchmark runs at both temperatures and a weak target's greedy text loops.
 2. Training: the target stays frozen (embedding and head included); its hidden states on the
