@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bench
-from test_model import save_tiny
+from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tokens_per_s": float, "speedup": float,
                "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
@@ -171,8 +171,6 @@ def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
 
 
 def test_card_warns_when_the_target_loops(capsys):
-    import bench
-    from test_model import tiny_model
     args = bench.get_parser().parse_args(["--preset", "tiny"])
     for r, warn in ((0.5, True), (0.05, False)):
         bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {}, "src", 2, {0.0: r})
@@ -180,7 +178,6 @@ def test_card_warns_when_the_target_loops(capsys):
 
 
 def test_measure_reports_the_median_run(monkeypatch):
-    import bench
     walls = iter([3.0, 1.0, 2.0])
     monkeypatch.setattr(bench, "run", lambda *a: ([], {"wall_s": next(walls)}))
     args = argparse.Namespace(repeats=3)
@@ -188,7 +185,6 @@ def test_measure_reports_the_median_run(monkeypatch):
 
 
 def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file):
-    import bench
     rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
                        "--prompts", str(prompts_file), "--max-new-tokens", "12", "--batch-size", "2"])
     ar = rows[0]
@@ -196,8 +192,6 @@ def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_fil
 
 
 def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
-    import bench
-    from test_model import tiny_model
     calls = []
     real = bench.generate
     monkeypatch.setattr(bench, "generate", lambda t, p, *a, **k: calls.append((len(p), k["batch_size"])) or real(t, p, *a, **k))
@@ -211,9 +205,8 @@ def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
 
 
 def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
-    import bench, data
+    import data
     from model import load_target, save_checkpoint, weights_hash
-    from test_model import save_tiny
     ref = tmp_path / "weights" / "tiny"
     outw = tmp_path / "out" / "tiny" / "weights"
     save_tiny(ref / "target.pt", seed=0)
@@ -227,7 +220,6 @@ def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
 
 
 def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
-    import bench
     from draft_eagle import Eagle
     from model import load_target, save_checkpoint, weights_hash
     target = load_target(str(weights / "target.pt"))

@@ -451,8 +451,6 @@ def test_dflash_end_to_end_cuda(ext, dtype, monkeypatch):
 
 
 def test_kv_inject_ref_refuses_rope_tables_too_short():
-    import cuda
-    from cuda.__main__ import make_kv_case
     args = list(make_kv_case(1, 2, 1, 8, 10, 4))
     args[6], args[7] = args[6][:5], args[7][:5]  # the last row writes up to slot 9, the tables have 5 rows
     with pytest.raises(ValueError, match="RoPE"):
@@ -460,8 +458,7 @@ def test_kv_inject_ref_refuses_rope_tables_too_short():
 
 
 def test_a_fresh_build_lock_is_waited_for_not_removed(tmp_path, capsys):
-    import threading, time
-    import cuda
+    import threading
     lock = tmp_path / "lock"
     lock.touch()
     threading.Timer(1.5, lock.unlink).start()  # the live build finishes
@@ -471,7 +468,6 @@ def test_a_fresh_build_lock_is_waited_for_not_removed(tmp_path, capsys):
 
 
 def test_failure_keeps_the_last_line():
-    import cuda
     e = RuntimeError("ninja: build stopped\n  g++ -O3 ...\nerror: ext.cpp:12: expected ';'\n\n")
     assert cuda.failure(e) == "RuntimeError: error: ext.cpp:12: expected ';'"
 
@@ -485,7 +481,6 @@ def test_host_sampling_refuses_a_draft_equal_to_V(ext):
 def test_a_zero_uniform_never_samples_a_zero_probability_token(ext):
     """u = 0: the inverse CDF picks the first token whose cdf EXCEEDS 0 (searchsorted right),
     never a leading token of probability 0."""
-    import cuda
     p = torch.tensor([[[0.0, 0.0, 0.0, 1.0], [0.25, 0.25, 0.25, 0.25]]])
     drafts, u = torch.tensor([[1]]), torch.zeros(1, 2)
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[0], [3]]

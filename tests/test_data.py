@@ -184,7 +184,6 @@ def test_heldout_samples(enc):
 
 
 def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
-    import data
     enc = data.get_encoding()
     prompt = "def f(x):\n    y = x + 1\n    z = y * 2\n    return z\n"
     cont = "".join(f"value_{i} = compute({i})\n" for i in range(20))
@@ -195,14 +194,12 @@ def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
 
 
 def test_tokenizer_hash_covers_the_split_pattern(monkeypatch):
-    import data
     h = data.tokenizer_hash()
     monkeypatch.setattr(data, "PAT_STR", data.PAT_STR + r"|\s")
     assert data.tokenizer_hash() != h
 
 
 def test_bins_are_rebuilt_for_another_tokenizer(tmp_path, monkeypatch, capsys):
-    import data
     for s in ("a", "b"):
         (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
     monkeypatch.setattr(data, "corpus_files", lambda: {"train": [("a", str(tmp_path / "a.py"))],

@@ -198,7 +198,6 @@ def test_short_training_run_learns():
 
 def test_sampled_anchors_leave_a_label_and_a_context_position():
     """T = 4, two anchors: only a in {1, 2} has context and a label, so labels = 2 + 1 every time."""
-    from test_dflash import feats_of, setup
     target, df = setup(block_size=4)
     df.anchors = 2
     tokens = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(0))
@@ -213,7 +212,6 @@ def test_sampled_anchors_leave_a_label_and_a_context_position():
 def test_block_at_the_context_edge_trains():
     """A sequence as long as the target's context, anchored near its end: the block's slots past
     the RoPE table take part (masked out of the loss) without indexing past the table."""
-    from test_dflash import feats_of, setup
     target, df = setup(block_size=8)
     T = target.cfg.max_seq_len
     tokens = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(0))
@@ -224,7 +222,6 @@ def test_block_at_the_context_edge_trains():
 @torch.no_grad()
 def test_context_feature_is_rms_normed():
     """c = RMSNorm(fc(feats)): scale-free in the target's features."""
-    from test_dflash import setup
     _, df = setup()
     f = torch.randn(2, 5, df.fc.in_features)
     assert torch.allclose(df.context(3 * f), df.context(f), atol=1e-5)
@@ -234,7 +231,6 @@ def test_context_feature_is_rms_normed():
 def test_context_keys_are_k_normed_like_the_block_keys():
     """context_kv's k is k_norm(W_k c) (what project_kv computes before RoPE): scale-free in c;
     v = W_v c is linear."""
-    from test_dflash import setup
     _, df = setup()
     c = torch.randn(2, 5, df.cfg.n_embd)
     k1, v1 = df.context_kv(c)
@@ -248,9 +244,6 @@ def test_context_keys_are_k_normed_like_the_block_keys():
 
 @torch.no_grad()
 def test_refill_writes_the_new_prompt_from_position_0():
-    from draft_diffusion import DFlashDrafter
-    from model import apply_rope
-    from test_dflash import feats_of, setup
     target, df = setup()
     dr = DFlashDrafter(target, df)
     g = torch.Generator().manual_seed(0)

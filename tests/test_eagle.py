@@ -241,8 +241,6 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
 @torch.no_grad()
 def test_unroll_steps_are_weighted_0_8_to_the_j():
     import torch.nn.functional as F
-    from test_eagle import features, frozen, random_eagle
-    from test_model import tiny_model
     target = frozen(tiny_model(1))
     e = random_eagle(target, ttt_steps=3)
     tok = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -255,5 +253,4 @@ def test_unroll_steps_are_weighted_0_8_to_the_j():
 
 
 def test_four_layer_target_gets_low_middle_high_taps():
-    from draft_eagle import default_layers
     assert default_layers(4) == (1, 2, 3) and default_layers(3) == (1, 2, 3)

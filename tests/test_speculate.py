@@ -22,7 +22,7 @@ import torch
 import speculate
 from model import Config, PRESETS, Transformer, generate as naive_generate, logits_to_probs
 from speculate import ModelDrafter, NgramDrafter, accept_scan_ref
-from test_model import tiny_model
+from test_model import save_tiny, tiny_model
 
 V = 97  # tiny_model's vocabulary
 
@@ -597,7 +597,6 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
     import sys
     import cuda
     from data import ROOT
-    from test_model import save_tiny
     save_tiny(tmp_path / "t.pt")
     real = cuda.accept_scan
 

@@ -11,7 +11,7 @@ import torch
 import data
 import train
 from model import load_target, save_checkpoint, load_checkpoint
-from test_model import save_tiny
+from test_model import save_tiny, tiny_model
 
 ROOT = data.ROOT
 
@@ -83,7 +83,6 @@ def test_check_args_and_eta():
 
 
 def test_lr_schedule_endpoints():
-    import train
     args = argparse.Namespace(lr=1.0, warmup_steps=10, min_lr_frac=0.1)
     assert train.lr_at(0.0, 0, args) == pytest.approx(0.1)     # warm-up: step 0 already trains
     assert train.lr_at(0.0, 9, args) == pytest.approx(1.0)     # ... and reaches the peak
@@ -94,15 +93,13 @@ def test_lr_schedule_endpoints():
 def test_bits_per_byte():
     """Token ids < 256 are single bytes: bits per byte = nats per token / ln 2."""
     import math
-    import data, train
-    from test_model import tiny_model
     xy = torch.randint(32, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     loss, bpb = train.evaluate(tiny_model(), [xy], data.get_encoding())
     assert bpb == pytest.approx(loss / math.log(2))
 
 
 def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
-    import mtp, train
+    import mtp
     totals, mtps = [], []
     real_backward, real_losses = torch.Tensor.backward, mtp.MTP.losses
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: totals.append(self.item()) or real_backward(self, *a, **k))

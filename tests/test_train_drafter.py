@@ -95,40 +95,38 @@ def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path
     assert e.value.code == 2 and "--weights" in capsys.readouterr().err
 
 
-def fake_generate(calls):
+@pytest.fixture
+def fake_distill(monkeypatch):
+    """No target: generate returns zeros and records its temperature, load_tokens returns a
+    counting stream and records its split."""
+    seen = {"temperatures": [], "splits": []}
+
     def gen(target, prompts, drafter, *, max_new_tokens, temperature=0.0, seed=None, **kw):
-        calls.append(temperature)
+        seen["temperatures"].append(temperature)
         return [[0] * max_new_tokens for _ in prompts], {}
-    return gen
+
+    monkeypatch.setattr(speculate, "generate", gen)
+    monkeypatch.setattr(data, "load_tokens", lambda split: seen["splits"].append(split) or np.arange(1000, dtype=np.uint16))
+    return seen
 
 
-def test_distill_temperatures_cycle_per_batch(monkeypatch):
-    import data, speculate, train_drafter
-    calls = []
-    monkeypatch.setattr(speculate, "generate", fake_generate(calls))
-    monkeypatch.setattr(data, "load_tokens", lambda split: np.arange(1000, dtype=np.uint16))
+DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0", seed=0)
+
+
+def test_distill_temperatures_cycle_per_batch(fake_distill):
     out = train_drafter.build_distill_data(None, 6, 4, 3, [0.0, 1.0], batch=2)
-    assert out.shape == (6, 7) and calls == [0.0, 1.0, 0.0]
+    assert out.shape == (6, 7) and fake_distill["temperatures"] == [0.0, 1.0, 0.0]
 
 
-def test_validation_distill_data_comes_from_the_val_split(monkeypatch, tmp_path):
-    import data, speculate, train_drafter
-    splits = []
-    monkeypatch.setattr(speculate, "generate", fake_generate([]))
-    monkeypatch.setattr(data, "load_tokens", lambda split: splits.append(split) or np.arange(1000, dtype=np.uint16))
-    args = argparse.Namespace(out_dir=str(tmp_path), n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3,
-                              distill_temperatures="0", seed=0)
-    train, val = train_drafter.get_distill_data(None, args, "abc")
-    assert splits == ["train", "val"] and train.shape == (4, 7) and val.shape == (2, 7)
+def test_validation_distill_data_comes_from_the_val_split(fake_distill, tmp_path):
+    train, val = train_drafter.get_distill_data(None, argparse.Namespace(out_dir=str(tmp_path), **DISTILL), "abc")
+    assert fake_distill["splits"] == ["train", "val"] and train.shape == (4, 7) and val.shape == (2, 7)
 
 
-def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(monkeypatch, tmp_path, capsys):
+def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake_distill, tmp_path, capsys):
     """Other temperatures, seed or val size make other data: reusing the cached file would
     train on the wrong text without a word."""
-    import data, speculate, train_drafter
-    monkeypatch.setattr(speculate, "generate", fake_generate([]))
-    monkeypatch.setattr(data, "load_tokens", lambda split: np.arange(1000, dtype=np.uint16))
-    base = dict(out_dir=str(tmp_path), n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0,1", seed=0)
+    base = dict(DISTILL, out_dir=str(tmp_path), distill_temperatures="0,1")
     for change in [{}, {"distill_temperatures": "0"}, {"seed": 1}, {"n_val_seqs": 3}, {}]:
         train_drafter.get_distill_data(None, argparse.Namespace(**{**base, **change}), "abc")
     assert capsys.readouterr().out.count("distill: reusing") == 1  # only the last, a repeat of the first
@@ -138,7 +136,6 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(monk
 
 
 def test_evaluate_sums_agreement_over_all_batches():
-    import train_drafter
     stats = iter([(1.0, [2, 1], [4, 4]), (3.0, [0, 1], [4, 2])])
 
     class Fake:
