@@ -434,8 +434,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
 
     from data import get_encoding
-    import model
-    from model import get_device, load_target
+    from model import generate as naive_generate, get_device, load_target
     enc = get_encoding()
     try:
         target = load_target(args.ckpt, device=get_device(args.device))
@@ -454,7 +453,7 @@ if __name__ == "__main__":
           f"{st['verify_passes']} verify passes | acceptance per position: {acc or '-'}")
     if args.check:
         if args.temperature == 0:  # against model.generate: no cache, no loop, no acceptance scan shared
-            ref = model.generate(target, prompt, args.max_new_tokens)
+            ref = naive_generate(target, prompt, args.max_new_tokens)
             print(f"[check] greedy output identical to plain decoding: {ref == outs[0]}")
         else:
             print("[check] sampled outputs differ by design; losslessness under sampling is a "
