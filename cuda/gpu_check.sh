@@ -8,7 +8,8 @@
 #    B = 1 and B = 32
 # 3. the CUDA tests (kernels == references, end-to-end dflash with the kernels on), without the
 #    tests of the CPU emulation (cuda/emu.h), which stand in for this step where there is no GPU
-# 4. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
+# 4. which attention kernel the target's masked grouped-query pass gets (cuda/sdpa_probe.py)
+# 5. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
 #    train for ~15 min): every method with the kernels on (the first GPU table), ar and dflash
 #    with the kernels off (DFLASH_CUDA_EXT=0), then ar and dflash in bfloat16 with the kernels on
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
@@ -37,9 +38,10 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NA
 
 step env 30 bash -c "nvidia-smi; $PY -c 'import torch, cuda; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), \"| cuda package:\", cuda.__file__)'; nvcc --version | tail -2"
 step selfcheck 170 $PY -m cuda
-step tests 130 $PY -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
-B="$PY bench.py --device cuda --preset cpu"  # 8 log files in all: what one device call brings back
-step bench_fused 130 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
+step tests 120 $PY -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
+step sdpa 20 $PY -m cuda.sdpa_probe
+B="$PY bench.py --device cuda --preset cpu"  # 9 log files in all: what one device call brings back
+step bench_fused 120 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
 step bench_bf16 60 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0
 echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')"

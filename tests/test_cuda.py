@@ -485,3 +485,27 @@ def test_a_zero_uniform_never_samples_a_zero_probability_token(ext):
     drafts, u = torch.tensor([[1]]), torch.zeros(1, 2)
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[0], [3]]
     assert [t.tolist() for t in ext.accept_scan(p, drafts, None, u, 1)] == [[0], [3]]
+
+
+def test_gpu_check_fits_one_device_call_and_names_real_modules():
+    """cuda/gpu_check.sh is the one script a GPU session runs: its step limits must add up to
+    less than one device call (600 s), and every module it runs must exist here."""
+    script = open(os.path.join(os.path.dirname(cuda.__file__), "gpu_check.sh")).read()
+    limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
+    assert len(limits) == 7 and sum(limits) <= 590, limits
+    for mod in ("cuda", "cuda.sdpa_probe", "pytest"):
+        assert f"$PY -m {mod}" in script
+        __import__(mod)
+    assert "$PY bench.py --device cuda" in script
+
+
+def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, monkeypatch):
+    from cuda import sdpa_probe
+    assert sdpa_probe.main(["--device", "cpu", "--repeat", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("float32")]
+    assert len(rows) == 3 and all("math" in r for r in rows)  # the math backend takes anything
+    real = torch.nn.functional.scaled_dot_product_attention  # a GQA broadcast gone wrong must show
+    monkeypatch.setattr(sdpa_probe.F, "scaled_dot_product_attention",
+                        lambda q, k, v, enable_gqa=False, **kw: real(q, k.flip(1), v.flip(1), enable_gqa=enable_gqa, **kw)
+                        if enable_gqa else real(q, k, v, **kw))
+    assert sdpa_probe.main(["--device", "cpu", "--repeat", "1"]) == 1

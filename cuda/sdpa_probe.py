@@ -1,0 +1,103 @@
+"""
+Which attention kernel PyTorch picks for the target's cached pass, and what that costs.
+
+The verify pass attends with a boolean mask (per-row cache lengths) over grouped-query K/V
+(`enable_gqa=True`, 4 query heads on 2 K/V heads in the cpu preset). PyTorch only takes a fused
+kernel that supports every argument, and masked GQA is reported to fall back to the math
+kernel on CUDA (several launches and a materialised score matrix per layer). This probe tries
+each backend alone on the target's shapes, then times the default choice against expanding the
+K/V heads by hand (no enable_gqa), which the fused kernels take with a mask:
+
+    python -m cuda.sdpa_probe               # cuda if present, else cpu; part of cuda/gpu_check.sh
+    python -m cuda.sdpa_probe --device cpu --repeat 20
+
+Nothing in the project depends on it: it is a measurement for the first GPU session.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from model import PRESETS
+
+BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+            SDPBackend.MATH]
+
+
+def inputs(cfg, B, T_q, T_kv, dtype, device):
+    """q (B, H, T_q, D), k/v (B, H_kv, T_kv, D) and a ragged boolean mask (B, 1, T_q, T_kv)."""
+    g = torch.Generator().manual_seed(0)
+    D, H, H_kv = cfg["n_embd"] // cfg["n_head"], cfg["n_head"], cfg["n_kv_head"]
+    q = torch.randn(B, H, T_q, D, generator=g)
+    k, v = torch.randn(2, B, H_kv, T_kv, D, generator=g)
+    lengths = T_kv - T_q - torch.arange(B) % 5                       # rows of different lengths
+    key = torch.arange(T_kv)[None, None, :]                          # (1, 1, T_kv)
+    mask = key <= (lengths[:, None, None] + torch.arange(T_q)[None, :, None])  # (B, T_q, T_kv)
+    return [t.to(device, dtype) for t in (q, k, v)] + [mask[:, None].to(device)]
+
+
+def expand_kv(q, k):
+    return k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+
+
+def timed(fn, device, repeat):
+    """Median seconds per call over `repeat` calls, synchronised."""
+    times = []
+    for i in range(repeat + 3):  # 3 warm-ups
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median)")
+    args = p.parse_args(argv)
+    device, cfg = torch.device(args.device), PRESETS[args.preset]
+    T_kv = cfg["max_seq_len"]
+    dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
+    print(f"sdpa probe on {device} | preset {args.preset}: {cfg['n_head']} query heads on "
+          f"{cfg['n_kv_head']} K/V heads, {T_kv} keys | torch {torch.__version__}")
+    print(f"{'dtype':9s} {'B':>3s} {'T_q':>4s}  backends that take mask + enable_gqa"
+          f"{'':14s} gqa ms  expand ms")
+    for dtype in dtypes:
+        for B, T_q in [(1, 1), (1, 16), (16, 16)]:
+            q, k, v, mask = inputs(cfg, B, T_q, T_kv, dtype, device)
+            takes = []
+            for be in BACKENDS:
+                try:
+                    with sdpa_kernel(be):
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                    takes.append(be.name.split("_")[0].lower())
+                except RuntimeError:  # "No available kernel": this backend refuses the arguments
+                    pass
+            ref = F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            if not torch.allclose(out.float(), ref.float(), atol=2e-2 if dtype != torch.float32 else 1e-5):
+                print(f"MISMATCH between enable_gqa and expanded K/V at B={B} T_q={T_q} {dtype}")
+                return 1
+            t_gqa = timed(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+                          device, args.repeat)
+            t_exp = timed(lambda: F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v),
+                                                                 attn_mask=mask), device, args.repeat)
+            print(f"{str(dtype).split('.')[1]:9s} {B:3d} {T_q:4d}  {', '.join(takes):50s} "
+                  f"{t_gqa * 1e3:6.3f}  {t_exp * 1e3:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
