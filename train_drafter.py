@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import data
-from model import get_device, load_target, save_checkpoint, load_checkpoint, weights_hash
+from model import get_device, load_target, save_checkpoint, weights_hash
 from train import check_args, eta_s
 
 

@@ -1,6 +1,5 @@
 """Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
 import hashlib
-import json
 from collections import Counter
 
 import pytest
