@@ -83,7 +83,7 @@ def main(argv=None):
                     with sdpa_kernel(be):
                         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
                     takes.append(be.name.split("_")[0].lower())
-                except RuntimeError:  # "No available kernel": this backend refuses the arguments
+                except (RuntimeError, NotImplementedError):  # "No available kernel": it refuses these arguments
                     pass
             ref = F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
