@@ -15,14 +15,13 @@ Nothing in the project depends on it: it is a measurement for the first GPU sess
 """
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cuda.__main__ import median_ms
 from model import PRESETS
 
 BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
@@ -45,21 +44,6 @@ def expand_kv(q, k):
     return k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
 
 
-def timed(fn, device, repeat):
-    """Median seconds per call over `repeat` calls, synchronised."""
-    times = []
-    for i in range(repeat + 3):  # 3 warm-ups
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,25 +61,21 @@ def main(argv=None):
     for dtype in dtypes:
         for B, T_q in [(1, 1), (1, 16), (16, 16)]:
             q, k, v, mask = inputs(cfg, B, T_q, T_kv, dtype, device)
+            gqa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            expanded = lambda: F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
             takes = []
             for be in BACKENDS:
                 try:
                     with sdpa_kernel(be):
-                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                        gqa()
                     takes.append(be.name.split("_")[0].lower())
                 except (RuntimeError, NotImplementedError):  # "No available kernel": it refuses these arguments
                     pass
-            ref = F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            if not torch.allclose(out.float(), ref.float(), atol=2e-2 if dtype != torch.float32 else 1e-5):
+            if not torch.allclose(gqa().float(), expanded().float(), atol=2e-2 if dtype != torch.float32 else 1e-5):
                 print(f"MISMATCH between enable_gqa and expanded K/V at B={B} T_q={T_q} {dtype}")
                 return 1
-            t_gqa = timed(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-                          device, args.repeat)
-            t_exp = timed(lambda: F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v),
-                                                                 attn_mask=mask), device, args.repeat)
             print(f"{str(dtype).split('.')[1]:9s} {B:3d} {T_q:4d}  {', '.join(takes):50s} "
-                  f"{t_gqa * 1e3:6.3f}  {t_exp * 1e3:9.3f}")
+                  f"{median_ms(gqa, device, args.repeat):6.3f}  {median_ms(expanded, device, args.repeat):9.3f}")
     return 0
 
 
