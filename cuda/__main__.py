@@ -17,20 +17,15 @@ import math
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
 import cuda
+from model import rope_table
 
 # -----------------------------------------------------------------------------
 # inputs
-
-
-def rope_tables(P, D, theta=10000.0, device="cpu"):
-    """cos, sin (P, D/2) float32, as model.rope_table."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
-    freqs = torch.outer(torch.arange(P, dtype=torch.float32, device=device), inv_freq)  # (P, D/2)
-    return freqs.cos(), freqs.sin()
 
 
 def make_kv_case(L, B, H, D, T_max, T_new, dtype=torch.float32, device="cpu", seed=0):
@@ -46,7 +41,7 @@ def make_kv_case(L, B, H, D, T_max, T_new, dtype=torch.float32, device="cpu", se
     if B > 1:
         counts[0] = 0
     counts[-1], offsets[-1] = T_new, T_max - T_new
-    cos, sin = rope_tables(T_max, D)
+    cos, sin = rope_table(SimpleNamespace(head_dim=D, rope_theta=10000.0, max_seq_len=T_max))  # (T_max, D/2)
     args = (cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
     return tuple(a.to(device) for a in args)
 
