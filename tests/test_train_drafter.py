@@ -9,7 +9,7 @@ import torch
 import data
 import speculate
 import train_drafter
-from model import load_target
+from model import PRESETS, Config, load_target
 from test_model import save_tiny  # a random tiny target in train.py's checkpoint format
 
 ARGS = ["--n-seqs", "8", "--n-val-seqs", "4", "--prompt-len", "16", "--gen-len", "24", "--max-steps", "3",
@@ -133,6 +133,16 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
     assert len(list(tmp_path.glob("distill_*.pt"))) == 4
     with pytest.raises(ValueError, match="--distill-temperatures"):
         train_drafter.get_distill_data(None, argparse.Namespace(**{**base, "distill_temperatures": "0,hot"}), "abc")
+
+
+def test_unset_flags_take_the_method_recipe_and_given_flags_win():
+    parse = lambda *a: train_drafter.apply_recipe(train_drafter.get_parser().parse_args(list(a)))
+    eagle, dflash = parse("--method", "eagle"), parse("--method", "dflash")
+    assert (eagle.batch_size, eagle.lr, eagle.loss_decay) == (2, 2e-3, None)
+    assert (dflash.batch_size, dflash.lr, dflash.loss_decay) == (8, 6e-4, 4.0)
+    given = parse("--method", "dflash", "--batch-size", "3", "--lr", "1e-3", "--loss-decay", "7")
+    assert (given.batch_size, given.lr, given.loss_decay) == (3, 1e-3, 7.0)
+    assert train_drafter.make_drafter_model("dflash", argparse.Namespace(cfg=Config(vocab_size=64, **PRESETS["tiny"])), dflash).gamma == 4.0
 
 
 def test_evaluate_sums_agreement_over_all_batches():
