@@ -89,6 +89,7 @@ def get_distill_data(target, args, target_hash):
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
 
+
 def make_drafter_model(method, target, args):
     if method == "mtp":
         import mtp
