@@ -119,12 +119,17 @@ def cached_features(target, tokens, layers, batch=32):
 
 @torch.no_grad()
 def evaluate(model, target, val, val_feats, batch_size):
+    """Mean held-out loss and per-position agreement. Whatever the loss draws at random (DFlash's
+    anchors) is drawn the same at every evaluation, so the logged curve shows the model, not the
+    draw, and training's own random stream does not depend on how often it evaluates."""
     model.eval()
     agree, count, losses = 0, 0, []
-    for i in range(0, len(val), batch_size):
-        loss, st = model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size])
-        losses.append(loss.item())
-        agree, count = agree + st["agree"], count + st["count"]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        for i in range(0, len(val), batch_size):
+            loss, st = model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size])
+            losses.append(loss.item())
+            agree, count = agree + st["agree"], count + st["count"]
     model.train()
     return float(np.mean(losses)), (agree / count.clamp(min=1)).tolist()
 

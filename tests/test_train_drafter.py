@@ -156,3 +156,19 @@ def test_evaluate_sums_agreement_over_all_batches():
             return torch.tensor(l), {"agree": torch.tensor(a), "count": torch.tensor(c)}
     loss, acc = train_drafter.evaluate(Fake(), None, torch.zeros(4, 3), torch.zeros(4, 3, 1), 2)
     assert loss == 2.0 and acc == pytest.approx([2 / 8, 2 / 6])
+
+
+def test_evaluate_draws_the_same_at_every_call_and_leaves_the_training_rng_alone():
+    class Random:  # a loss as random as DFlash's anchors
+        def eval(self): pass
+        def train(self): pass
+        def loss(self, target, tok, feats):
+            return torch.rand(()), {"agree": torch.rand(2), "count": torch.ones(2)}
+    val, feats = torch.zeros(4, 3), torch.zeros(4, 3, 1)
+    torch.manual_seed(1)
+    first = train_drafter.evaluate(Random(), None, val, feats, 2)
+    after = torch.rand(3)
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(3), after)  # evaluate consumed nothing from the caller's stream
+    torch.manual_seed(2)
+    assert train_drafter.evaluate(Random(), None, val, feats, 2) == first
