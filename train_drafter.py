@@ -152,6 +152,11 @@ def apply_recipe(args):
     return args
 
 
+def recipe_of(key):
+    """RECIPE's value of one flag, per method, for --help (so the help cannot go stale)."""
+    return ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
+
+
 def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every", "mtp_depth",
@@ -241,10 +246,9 @@ def get_parser():
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
-    g.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 2 for mtp and eagle, "
-                   "8 for dflash, as the reference weights)")
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 2e-3 for mtp and eagle; "
-                   "the paper's 6e-4 for dflash, which 2e-3 did not beat)")
+    g.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (default: {recipe_of('batch_size')})")
+    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {recipe_of('lr')}; for "
+                   "dflash the paper's, which 2e-3 did not beat)")
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
@@ -253,7 +257,7 @@ def get_parser():
     g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size B (drafts B-1 tokens)")
     g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's loss weight is "
-                   "exp(-(k-1)/GAMMA) (default: 4, as the reference weights; it beat the paper's 7 for B = 16, "
+                   f"exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it beat the paper's 7 for B = 16, "
                    "whose values are 5 for B = 10 and 4 for B = 8)")
     g.add_argument("--anchors", type=int, default=8,
                    help="dflash: anchors (blocks) per sequence per step. Few anchors, many steps: on the cpu "
