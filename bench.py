@@ -18,8 +18,9 @@ Drafters trained for the committed target go to out/<preset>/weights/ so that th
 with drafters of a target trained here (each drafter checkpoint records its target's hash).
 
 Output: a card (machine, device, dtype, sizes, prompts, budget, how much the target loops),
-one row per method and temperature (tau, tokens/s, speedup vs ar, predicted speedup,
-lossless check), a chart of per-position acceptance; --json / --plot write the same data.
+one row per method and temperature (tau and its standard error over the prompts, tokens/s,
+speedup vs ar, predicted speedup, lossless check), a chart of per-position acceptance;
+--json / --plot write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
@@ -193,6 +194,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     device = target.head.weight.device
     outs = []
     st = dict(verify_passes=0, row_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
+    per_prompt = []  # (new tokens, passes) of each prompt, for tau's standard error
     chunk = len(prompts) if args.continuous else batch_size  # prompts per generate call
     sync(device)
     t0 = time.perf_counter()
@@ -203,15 +205,29 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
         for k in ("verify_passes", "draft_s", "verify_s", "new_tokens"):
             st[k] += s[k]
         st["row_passes"] += sum(s["row_passes"])
+        per_prompt += [(len(x), p) for x, p in zip(o, s["row_passes"])]
         for j, (a, n) in enumerate(zip(s["accepted_per_position"], s["attempts_per_position"])):
             st["acc"][j] += a
             st["att"][j] += n
     sync(device)
     st["wall_s"] = time.perf_counter() - t0
     st["tau"] = st["new_tokens"] / st["row_passes"]
+    st["tau_se"] = ratio_se(per_prompt)
     # alpha_i: share of passes in which the first i drafts were all accepted (cumulative)
     st["alpha"] = [a / n for a, n in zip(st["acc"], st["att"]) if n > 0]
     return outs, st
+
+
+def ratio_se(pairs):
+    """Standard error of tau = sum(tokens) / sum(passes) over prompts, (tokens, passes) per
+    prompt (the delta method for a ratio of sums): how far tau would move with another draw of
+    as many prompts. With 10 prompts it is often a few tenths, more than many gaps between
+    drafters in the table."""
+    n, tokens, passes = len(pairs), sum(t for t, _ in pairs), sum(p for _, p in pairs)
+    if n < 2:
+        return 0.0
+    tau = tokens / passes
+    return math.sqrt(n / (n - 1) * sum((t - tau * p) ** 2 for t, p in pairs)) / passes
 
 
 def measure(target, drafter, prompts, K, temperature, args, batch_size):
@@ -333,13 +349,13 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
 
 def print_table(results, sweep, sizes, T0, n_prompts):
     """The table, the acceptance chart and the batch sweep (after the card)."""
-    print(f"\n{'method':8s}{'T':>5s}{'K':>4s}{'tau':>7s}{'tok/s':>9s}{'speedup':>9s}{'predicted':>11s}  "
+    print(f"\n{'method':8s}{'T':>5s}{'K':>4s}{'tau':>7s}{'s.e.':>6s}{'tok/s':>9s}{'speedup':>9s}{'predicted':>11s}  "
           f"{'lossless':18s}{'params':>9s}")
     for r in results:
         ok = ("n/a" if r["lossless"] is None else "yes" if r["lossless"]
               else f"NO ({r['mismatches']}/{n_prompts} differ)")
-        print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tokens_per_s']:9.1f}"
-              f"{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}{r['drafter_params'] / 1e6:8.2f}M")
+        print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
+              f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}{r['drafter_params'] / 1e6:8.2f}M")
     print("\nacceptance per draft position (alpha_i: share of passes whose first i drafts were all accepted; "
           "one column per position, full block = 1)")
     for r in results:
@@ -506,8 +522,9 @@ def main(argv=None):
     for m, d in drafters.items():
         for T in temps:
             st, ar = stats[m, T], stats["ar", T]
-            results.append(dict(method=m, temperature=T, tau=st["tau"], tokens_per_s=st["new_tokens"] / st["wall_s"],
-                                speedup=ar["wall_s"] / st["wall_s"], predicted_speedup=predicted_speedup(st, ar),
+            results.append(dict(method=m, temperature=T, tau=st["tau"], tau_se=st["tau_se"],
+                                tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar["wall_s"] / st["wall_s"],
+                                predicted_speedup=predicted_speedup(st, ar),
                                 acceptance_per_position=st["alpha"], **lossless(outputs[m, T], outputs["ar", T], T),
                                 new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
                                 wall_s=st["wall_s"], drafter_params=params(d),

@@ -16,7 +16,7 @@ import torch
 import bench
 from test_model import save_tiny, tiny_model
 
-RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tokens_per_s": float, "speedup": float,
+RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float, "speedup": float,
                "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
                "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "drafter_params": int}
 EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
@@ -63,6 +63,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
             assert r["lossless"] is None
         if r["method"] == "ar":
             assert r["tau"] == 1.0 and r["speedup"] == 1.0 and r["acceptance_per_position"] == []
+            assert r["tau_se"] == 0.0  # every prompt has tau exactly 1
         else:
             assert len(r["acceptance_per_position"]) == 3
     assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
@@ -160,6 +161,14 @@ def test_predicted_speedup_and_lossless_arithmetic():
     assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
     assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token
     assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 1.0) == dict(lossless=None, mismatches=0)  # sampled: by design
+
+
+def test_tau_standard_error():
+    """tau = 16 / 11 over two prompts; residuals t - tau p = +-30/11, so
+    se = sqrt(2 * 2 * (30/11)^2) / 11 = 60/121. Prompts with one ratio have none."""
+    assert bench.ratio_se([(10, 5), (6, 6)]) == pytest.approx(60 / 121)
+    assert bench.ratio_se([(8, 4), (4, 2), (12, 6)]) == 0.0
+    assert bench.ratio_se([(3, 1)]) == 0.0  # one prompt: no spread to estimate
 
 
 def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
