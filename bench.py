@@ -193,8 +193,8 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     wall time."""
     device = target.head.weight.device
     outs = []
-    st = dict(verify_passes=0, row_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
-    per_prompt = []  # (new tokens, passes) of each prompt, for tau's standard error
+    st = dict(verify_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
+    per_prompt = []  # (new tokens, row passes) of each prompt: tau and its standard error
     chunk = len(prompts) if args.continuous else batch_size  # prompts per generate call
     sync(device)
     t0 = time.perf_counter()
@@ -204,13 +204,13 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
         outs += o
         for k in ("verify_passes", "draft_s", "verify_s", "new_tokens"):
             st[k] += s[k]
-        st["row_passes"] += sum(s["row_passes"])
         per_prompt += [(len(x), p) for x, p in zip(o, s["row_passes"])]
         for j, (a, n) in enumerate(zip(s["accepted_per_position"], s["attempts_per_position"])):
             st["acc"][j] += a
             st["att"][j] += n
     sync(device)
     st["wall_s"] = time.perf_counter() - t0
+    st["row_passes"] = sum(p for _, p in per_prompt)
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
     # alpha_i: share of passes in which the first i drafts were all accepted (cumulative)
@@ -355,7 +355,8 @@ def print_table(results, sweep, sizes, T0, n_prompts):
         ok = ("n/a" if r["lossless"] is None else "yes" if r["lossless"]
               else f"NO ({r['mismatches']}/{n_prompts} differ)")
         print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
-              f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}{r['drafter_params'] / 1e6:8.2f}M")
+              f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}"
+              f"{r['drafter_params'] / 1e6:8.2f}M")
     print("\nacceptance per draft position (alpha_i: share of passes whose first i drafts were all accepted; "
           "one column per position, full block = 1)")
     for r in results:

@@ -16,8 +16,8 @@ import torch
 import bench
 from test_model import save_tiny, tiny_model
 
-RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float, "speedup": float,
-               "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
+RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
+               "speedup": float, "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
                "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "drafter_params": int}
 EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
 
