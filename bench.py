@@ -513,8 +513,9 @@ def main(argv=None):
                 o, st = measure(target, d, prompts, Ks[m], temps[0], args, bs)
                 if m == "ar":
                     ar_out, ar_st = o, st
-                sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], wall_s=st["wall_s"],
-                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar_st["wall_s"] / st["wall_s"],
+                sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], tau_se=st["tau_se"],
+                                  wall_s=st["wall_s"], tokens_per_s=st["new_tokens"] / st["wall_s"],
+                                  speedup=ar_st["wall_s"] / st["wall_s"],
                                   **lossless(o, ar_out, temps[0])))
                 print(f"sweep batch {bs:3d} {m:7s}: {st['wall_s']:.2f} s", flush=True)
     except ValueError as e:  # generate's own checks (e.g. context length)

@@ -70,7 +70,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     # the sweep runs at the first temperature (0 here), so each row is checked against ar at its batch size
     assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])
     # tau is tokens per pass *per row*: plain decoding commits exactly one per row and pass at any batch size
-    assert all(s["tau"] == 1.0 for s in report["batch_sweep"] if s["method"] == "ar")
+    assert all(s["tau"] == 1.0 and s["tau_se"] == 0.0 for s in report["batch_sweep"] if s["method"] == "ar")
     root = ET.parse(svg).getroot()  # well-formed XML
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
