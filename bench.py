@@ -193,7 +193,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     wall time."""
     device = target.head.weight.device
     outs = []
-    st = dict(verify_passes=0, draft_s=0.0, verify_s=0.0, new_tokens=0, acc=[0] * K, att=[0] * K)
+    st = dict(verify_passes=0, draft_s=0.0, verify_s=0.0, acc=[0] * K, att=[0] * K)
     per_prompt = []  # (new tokens, row passes) of each prompt: tau and its standard error
     chunk = len(prompts) if args.continuous else batch_size  # prompts per generate call
     sync(device)
@@ -202,7 +202,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
         o, s = generate(target, prompts[i:i + chunk], drafter, max_new_tokens=args.max_new_tokens, batch_size=batch_size,
                         temperature=temperature, top_k=args.top_k, seed=args.seed + i, K=max(K, 1))
         outs += o
-        for k in ("verify_passes", "draft_s", "verify_s", "new_tokens"):
+        for k in ("verify_passes", "draft_s", "verify_s"):
             st[k] += s[k]
         per_prompt += [(len(x), p) for x, p in zip(o, s["row_passes"])]
         for j, (a, n) in enumerate(zip(s["accepted_per_position"], s["attempts_per_position"])):
@@ -210,6 +210,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
             st["att"][j] += n
     sync(device)
     st["wall_s"] = time.perf_counter() - t0
+    st["new_tokens"] = sum(t for t, _ in per_prompt)
     st["row_passes"] = sum(p for _, p in per_prompt)
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
