@@ -22,7 +22,7 @@ one row per method and temperature (tau and its standard error over the prompts,
 speedup vs ar, predicted speedup, lossless check), a chart of per-position acceptance;
 --json / --plot write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
-medians over --repeats (default 1, so a CPU run with reused weights fits in ~5 minutes).
+medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
 ~540 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
 (~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
@@ -38,6 +38,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from xml.sax.saxutils import escape
 
 import torch
@@ -231,11 +232,25 @@ def ratio_se(pairs):
     return math.sqrt(n / (n - 1) * sum((t - tau * p) ** 2 for t, p in pairs)) / passes
 
 
-def measure(target, drafter, prompts, K, temperature, args, batch_size):
-    """The run with the median wall time of --repeats runs."""
-    runs = sorted((run(target, drafter, prompts, K, temperature, args, batch_size) for _ in range(args.repeats)),
-                  key=lambda r: r[1]["wall_s"])
-    return runs[len(runs) // 2]
+def measure(jobs, repeats, label):
+    """Run every job (a callable returning run()'s outputs and stats) `repeats` times, in rounds
+    of one run per job, and keep each job's run with the median wall time; its stats list all
+    its wall times in wall_s_runs. Rounds rather than back-to-back repeats, so that a slow drift
+    in the machine's speed (a job starting elsewhere, throttling) reaches every method alike.
+    Bursts of outside load that come and go within seconds still move the medians (README,
+    Troubleshooting)."""
+    runs = {k: [] for k in jobs}
+    for r in range(repeats):
+        for k, job in jobs.items():
+            runs[k].append(job())
+            st = runs[k][-1][1]
+            print(f"{label(k)}: {st['wall_s']:.2f} s, tau {st['tau']:.2f}"
+                  + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""), flush=True)
+    best = {}
+    for k, rs in runs.items():
+        o, st = sorted(rs, key=lambda x: x[1]["wall_s"])[len(rs) // 2]
+        best[k] = o, dict(st, wall_s_runs=[x[1]["wall_s"] for x in rs])
+    return best
 
 
 def predicted_speedup(st, ar):
@@ -398,7 +413,8 @@ def get_parser():
                    "drawing from its q (both are lossless; on the cpu weights sampling accepted more: "
                    "tau 2.14 vs 1.21 at T = 1)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default %(default)s)")
-    g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median is reported (default %(default)s)")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="timed runs per row, made in rounds over all rows; the median is reported (default %(default)s)")
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", default=None, help="file of prompts: JSON lines with a \"prompt\" string, or plain "
                    "text blocks separated by blank lines (default: held-out corpus prompts)")
@@ -499,26 +515,26 @@ def main(argv=None):
                 f"tokens and {max(Ks.values()) + 1} verify positions it exceeds the target's context of "
                 f"{target.cfg.max_seq_len}")
 
-    results, outputs, stats = [], {}, {}
+    results = []
     try:
         for m, d in drafters.items():
             for T in temps:  # warm-up, untimed: first-call allocations, lazy CUDA init
                 generate(target, prompts[:args.batch_size], d, max_new_tokens=4, temperature=T, top_k=args.top_k,
                          seed=0, K=max(Ks[m], 1))
-            for T in temps:
-                outputs[m, T], stats[m, T] = measure(target, d, prompts, Ks[m], T, args, args.batch_size)
-                print(f"{m:7s} T={T:g}: {stats[m, T]['wall_s']:.2f} s, tau {stats[m, T]['tau']:.2f}", flush=True)
+        timed = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, args.batch_size)
+                         for m, d in drafters.items() for T in temps}, args.repeats, lambda k: f"{k[0]:7s} T={k[1]:g}")
+        outputs = {k: o for k, (o, _) in timed.items()}
+        stats = {k: st for k, (_, st) in timed.items()}
         sweep = []
         for bs in sizes:
-            for m, d in drafters.items():  # ar first: the baseline for speed and, at T = 0, for the tokens
-                o, st = measure(target, d, prompts, Ks[m], temps[0], args, bs)
-                if m == "ar":
-                    ar_out, ar_st = o, st
+            timed = measure({m: partial(run, target, d, prompts, Ks[m], temps[0], args, bs) for m, d in drafters.items()},
+                            args.repeats, lambda m: f"sweep batch {bs:3d} {m:7s}")
+            ar_out, ar_st = timed["ar"]  # the baseline for speed and, at T = 0, for the tokens
+            for m, (o, st) in timed.items():
                 sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], tau_se=st["tau_se"],
-                                  wall_s=st["wall_s"], tokens_per_s=st["new_tokens"] / st["wall_s"],
-                                  speedup=ar_st["wall_s"] / st["wall_s"],
+                                  wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"],
+                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar_st["wall_s"] / st["wall_s"],
                                   **lossless(o, ar_out, temps[0])))
-                print(f"sweep batch {bs:3d} {m:7s}: {st['wall_s']:.2f} s", flush=True)
     except ValueError as e:  # generate's own checks (e.g. context length)
         die(str(e))
 
@@ -530,7 +546,7 @@ def main(argv=None):
                                 predicted_speedup=predicted_speedup(st, ar),
                                 acceptance_per_position=st["alpha"], **lossless(outputs[m, T], outputs["ar", T], T),
                                 new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
-                                wall_s=st["wall_s"], drafter_params=params(d),
+                                wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"], drafter_params=params(d),
                                 repeat8=repeat8(outputs[m, T]), K=Ks[m]))
 
     print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),

@@ -18,7 +18,8 @@ from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
                "speedup": float, "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
-               "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "drafter_params": int}
+               "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "wall_s_runs": list,
+               "drafter_params": int}
 EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
 
 
@@ -57,6 +58,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
             assert isinstance(r[k], typ), (k, r[k])
         assert all(isinstance(a, float) and 0 <= a <= 1 for a in r["acceptance_per_position"])
         assert r["new_tokens"] == 2 * 12
+        assert r["wall_s_runs"] == [r["wall_s"]]  # --repeats 1: the one run is the median
         if r["temperature"] == 0:
             assert r["lossless"] is True and r["mismatches"] == 0  # speculative == plain greedy, fp32
         else:
@@ -71,6 +73,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])
     # tau is tokens per pass *per row*: plain decoding commits exactly one per row and pass at any batch size
     assert all(s["tau"] == 1.0 and s["tau_se"] == 0.0 for s in report["batch_sweep"] if s["method"] == "ar")
+    assert all(s["wall_s_runs"] == [s["wall_s"]] for s in report["batch_sweep"])
     root = ET.parse(svg).getroot()  # well-formed XML
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
@@ -186,11 +189,20 @@ def test_card_warns_when_the_target_loops(capsys):
         assert ("WARNING" in capsys.readouterr().out) == warn, r
 
 
-def test_measure_reports_the_median_run(monkeypatch):
-    walls = iter([3.0, 1.0, 2.0])
-    monkeypatch.setattr(bench, "run", lambda *a: ([], {"wall_s": next(walls)}))
-    args = argparse.Namespace(repeats=3)
-    assert bench.measure(None, None, [], 0, 0.0, args, 1)[1]["wall_s"] == 2.0
+def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
+    order, walls = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+    def job(k):
+        def go():
+            order.append(k)
+            return [k], {"wall_s": next(walls[k]), "tau": 1.0}
+        return go
+
+    best = bench.measure({"a": job("a"), "b": job("b")}, 3, str)
+    assert order == ["a", "b"] * 3  # one run of every job per round, not three of one in a row
+    assert best["a"] == (["a"], {"wall_s": 2.0, "tau": 1.0, "wall_s_runs": [3.0, 1.0, 2.0]})
+    assert best["b"][1]["wall_s"] == 5.0 and best["b"][1]["wall_s_runs"] == [5.0, 4.0, 6.0]
+    assert "(round 3/3)" in capsys.readouterr().out
 
 
 def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file):
