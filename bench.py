@@ -259,8 +259,11 @@ def predicted_speedup(st, ar):
     costs t_draft + t_verify (this method's measured draft and verify seconds per pass), while
     plain decoding commits 1 token per pass at t_ar (ar's wall seconds per pass). So
         predicted = E * t_ar / (t_draft + t_verify).
-    It leaves out the loop's bookkeeping, which is why it can exceed the measured speedup, and at
-    batch > 1 the passes in which rows that are already done ride along (E is per active row)."""
+    E can exceed the measured tau, and so predicted the measured speedup: it counts the drafts a
+    row's last pass accepts past its token budget, which are thrown away, and alpha_i counts only
+    the passes that drafted position i (ngram without a match, MTP's gate draft fewer). At
+    batch > 1 it also leaves out the passes in which finished rows ride along (E is per active
+    row). The loop's own bookkeeping is small: on a CPU, 1-2 % of a pass."""
     E = 1 + sum(st["alpha"])
     t_ar = ar["wall_s"] / ar["verify_passes"]
     return E * t_ar / ((st["draft_s"] + st["verify_s"]) / st["verify_passes"])
