@@ -524,10 +524,8 @@ def main(argv=None):
             for T in temps:  # warm-up, untimed: first-call allocations, lazy CUDA init
                 generate(target, prompts[:args.batch_size], d, max_new_tokens=4, temperature=T, top_k=args.top_k,
                          seed=0, K=max(Ks[m], 1))
-        timed = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, args.batch_size)
+        table = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, args.batch_size)
                          for m, d in drafters.items() for T in temps}, args.repeats, lambda k: f"{k[0]:7s} T={k[1]:g}")
-        outputs = {k: o for k, (o, _) in timed.items()}
-        stats = {k: st for k, (_, st) in timed.items()}
         sweep = []
         for bs in sizes:
             timed = measure({m: partial(run, target, d, prompts, Ks[m], temps[0], args, bs) for m, d in drafters.items()},
@@ -543,17 +541,17 @@ def main(argv=None):
 
     for m, d in drafters.items():
         for T in temps:
-            st, ar = stats[m, T], stats["ar", T]
+            (o, st), (ar_o, ar) = table[m, T], table["ar", T]
             results.append(dict(method=m, temperature=T, tau=st["tau"], tau_se=st["tau_se"],
                                 tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar["wall_s"] / st["wall_s"],
                                 predicted_speedup=predicted_speedup(st, ar),
-                                acceptance_per_position=st["alpha"], **lossless(outputs[m, T], outputs["ar", T], T),
+                                acceptance_per_position=st["alpha"], **lossless(o, ar_o, T),
                                 new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
                                 wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"], drafter_params=params(d),
-                                repeat8=repeat8(outputs[m, T]), K=Ks[m]))
+                                repeat8=repeat8(o), K=Ks[m]))
 
     print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),
-               {T: repeat8(outputs["ar", T]) for T in temps})
+               {T: repeat8(table["ar", T][0]) for T in temps})
     print_table(results, sweep, sizes, temps[0], len(prompts))
     if args.json:
         report = dict(config=vars(args), machine=dict(device=str(device), torch=torch.__version__,
