@@ -24,7 +24,7 @@ speedup vs ar, predicted speedup, lossless check), a chart of per-position accep
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
-~570 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
+~575 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
 (~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
 machine and needs no plotting dependency.
 """
@@ -287,6 +287,13 @@ def lossless(outs, ar_outs, T):
 # -----------------------------------------------------------------------------
 # report
 
+def compare(outs, st, ar_outs, ar_st, T):
+    """What a table row and a sweep entry both report of one run against ar's run."""
+    return dict(tau=st["tau"], tau_se=st["tau_se"], tokens_per_s=st["new_tokens"] / st["wall_s"],
+                speedup=ar_st["wall_s"] / st["wall_s"], wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"],
+                **lossless(outs, ar_outs, T))
+
+
 def cuda_ext_active(device):
     """Whether the hand-written CUDA extension serves this run (only ever on a GPU)."""
     import cuda
@@ -532,23 +539,18 @@ def main(argv=None):
                             args.repeats, lambda m: f"sweep batch {bs:3d} {m:7s}")
             ar_out, ar_st = timed["ar"]  # the baseline for speed and, at T = 0, for the tokens
             for m, (o, st) in timed.items():
-                sweep.append(dict(method=m, batch_size=bs, temperature=temps[0], tau=st["tau"], tau_se=st["tau_se"],
-                                  wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"],
-                                  tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar_st["wall_s"] / st["wall_s"],
-                                  **lossless(o, ar_out, temps[0])))
+                sweep.append(dict(method=m, batch_size=bs, temperature=temps[0],
+                                  **compare(o, st, ar_out, ar_st, temps[0])))
     except ValueError as e:  # generate's own checks (e.g. context length)
         die(str(e))
 
     for m, d in drafters.items():
         for T in temps:
             (o, st), (ar_o, ar) = table[m, T], table["ar", T]
-            results.append(dict(method=m, temperature=T, tau=st["tau"], tau_se=st["tau_se"],
-                                tokens_per_s=st["new_tokens"] / st["wall_s"], speedup=ar["wall_s"] / st["wall_s"],
-                                predicted_speedup=predicted_speedup(st, ar),
-                                acceptance_per_position=st["alpha"], **lossless(o, ar_o, T),
+            results.append(dict(method=m, temperature=T, **compare(o, st, ar_o, ar, T),
+                                predicted_speedup=predicted_speedup(st, ar), acceptance_per_position=st["alpha"],
                                 new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
-                                wall_s=st["wall_s"], wall_s_runs=st["wall_s_runs"], drafter_params=params(d),
-                                repeat8=repeat8(o), K=Ks[m]))
+                                drafter_params=params(d), repeat8=repeat8(o), K=Ks[m]))
 
     print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),
                {T: repeat8(table["ar", T][0]) for T in temps})
