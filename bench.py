@@ -215,7 +215,8 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     st["row_passes"] = sum(p for _, p in per_prompt)
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
-    # alpha_i: share of passes in which the first i drafts were all accepted (cumulative)
+    # alpha_i: of the passes that drafted position i, the share in which the first i drafts were
+    # all accepted (cumulative; ngram and MTP's gate draft fewer than K in some passes)
     st["alpha"] = [a / n for a, n in zip(st["acc"], st["att"]) if n > 0]
     return outs, st
 
@@ -383,8 +384,8 @@ def print_table(results, sweep, sizes, T0, n_prompts):
         print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
               f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}"
               f"{r['drafter_params'] / 1e6:8.2f}M")
-    print("\nacceptance per draft position (alpha_i: share of passes whose first i drafts were all accepted; "
-          "one column per position, full block = 1)")
+    print("\nacceptance per draft position (alpha_i: of the passes that drafted position i, the share whose "
+          "first i drafts were all accepted; one column per position, full block = 1)")
     for r in results:
         a = r["acceptance_per_position"]
         if a:
