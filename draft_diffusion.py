@@ -21,11 +21,12 @@ per-layer K/V can be cached and extended by the newly committed positions after 
 embedding or head of its own: it uses the target's, frozen (the <|mask|> row stays untrained).
 
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
-continuations, sample many anchors a per sequence; each anchor's block [x_a, mask...] sees
-the context strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in
-one pass: each block is a row of its own with a key mask, which is the block-sparse pattern
-without a dense mask. Loss = cross-entropy at slots 1..B-1 against x_{a+k}, weighted by
-exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
+continuations, sample many anchors a per sequence, from the prompt's last token on (blocks are
+only ever drafted there); each anchor's block [x_a, mask...] sees the context strictly before
+a (c_0..c_{a-1}) plus its own block, never other blocks, all in one pass: each block is a
+row of its own with a key mask, which is the block-sparse pattern without a dense mask.
+Loss = cross-entropy at slots 1..B-1 against x_{a+k}, weighted by exp(-(k-1)/gamma) (early
+slots matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
@@ -142,13 +143,18 @@ class DFlash(nn.Module):
         rpos = pos.flatten(0, 1).clamp(max=self.cfg.max_seq_len - 1)
         return self.blocks_forward(target, x, rpos, ck, cv, mask).view(B, A, S, -1), pos
 
-    def loss(self, target, tokens, feats, anchors=None):
+    def loss(self, target, tokens, feats, anchors=None, label_from=0):
         """Weighted block loss and per-slot top-1 agreement counts. Anchors are sampled afresh
-        on every call (so each epoch sees new ones) unless given (B, A)."""
+        on every call (so each epoch sees new ones) unless given (B, A). Tokens before
+        label_from (the corpus prompt) are context only: anchors start at label_from - 1, the
+        prompt's last token, which is where the first block of a generation is anchored."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
-        if anchors is None:  # a in [1, T-2]: at least one context position and one label
-            anchors = torch.stack([torch.randperm(T - 2, device=dev)[:self.anchors] + 1 for _ in range(B)])
+        lo = max(1, label_from - 1)  # a in [lo, T-2]: at least one context position and one label
+        if lo > T - 2:
+            raise ValueError(f"sequences of {T} tokens leave no anchor with labels from position {label_from}")
+        if anchors is None:
+            anchors = torch.stack([torch.randperm(T - 1 - lo, device=dev)[:self.anchors] + lo for _ in range(B)])
         A = anchors.shape[1]                                                # (B, A)
         logits, pos = self.train_logits(target, tokens, feats, anchors)
         slot = torch.arange(S, device=dev)

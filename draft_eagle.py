@@ -140,15 +140,18 @@ class Eagle(nn.Module):
             h = F.pad(out[:, :-1], (0, 0, 1, 0))                     # (B, T-2, C)
         return outs
 
-    def loss(self, target, tokens, feats):
-        """tokens (B, T), feats (B, T, 3C) -> weighted CE over the unroll, agreement per step."""
-        if tokens.shape[1] < self.ttt_steps + 2:
-            raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for {self.ttt_steps} unroll steps")
+    def loss(self, target, tokens, feats, label_from=0):
+        """tokens (B, T), feats (B, T, 3C) -> weighted CE over the unroll, agreement per step.
+        Tokens before label_from (the corpus prompt) are read as context but never scored."""
+        if tokens.shape[1] < max(self.ttt_steps, label_from) + 2:
+            raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for {self.ttt_steps} unroll steps"
+                             f" and labels from position {label_from}")
         labels = tokens[:, 2:]                                        # (B, T-2): x_{p+2}
         total, wsum, agree, count = 0.0, 0.0, [], []
         for j, h in enumerate(self.unroll(target, tokens, feats)):
-            logits = self.logits(target, h[:, j:])                    # (B, T-2-j, V): valid p >= j
-            lab = labels[:, j:]
+            p0 = max(j, label_from - 2)                               # step j is valid for p >= j
+            logits = self.logits(target, h[:, p0:])                   # (B, T-2-p0, V)
+            lab = labels[:, p0:]
             total = total + 0.8 ** j * F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten())
             wsum += 0.8 ** j
             agree.append((logits.argmax(-1) == lab).sum())

@@ -56,19 +56,21 @@ class MTP(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
 
-    def losses(self, target, tokens, h0):
+    def losses(self, target, tokens, h0, label_from=0):
         """Per-depth cross-entropies and top-1 hits. tokens (B, T+1): the whole window;
         h0 (B, T, C): the target's last hidden states for tokens[:, :T]. Module k at
-        position t sees x_{t+k} and predicts x_{t+k+1}."""
+        position t sees x_{t+k} and predicts x_{t+k+1}. Tokens before label_from are
+        context only, never labels."""
         B, T, _ = h0.shape
         h, losses, hits, counts = h0, [], [], []
         for k, mod in enumerate(self.mods, 1):
             Tk = T - k
             pos = torch.arange(Tk, device=tokens.device).expand(B, Tk)
             cos, sin = target.rope(pos)
-            h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)
-            logits = target.head(mod.out_norm(h))                          # (B, Tk, V)
-            labels = tokens[:, k + 1:k + 1 + Tk]
+            h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)  # all t: module k+1 reads them
+            t0 = max(label_from - k - 1, 0)                                # first t with a label to score
+            logits = target.head(mod.out_norm(h[:, t0:]))                  # (B, Tk - t0, V)
+            labels = tokens[:, k + 1 + t0:k + 1 + Tk]
             losses.append(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()))
             hits.append((logits.argmax(-1) == labels).sum())
             counts.append(labels.numel())
@@ -88,9 +90,9 @@ class PostHocMTP(MTP):
     def config_dict(self):
         return {"depth": self.depth}
 
-    def loss(self, target, tokens, feats):
+    def loss(self, target, tokens, feats, label_from=0):
         """tokens (B, T), feats (B, T, C) -> mean loss over depths, agreement per depth."""
-        losses, hits, counts = self.losses(target, tokens, feats[:, :-1])
+        losses, hits, counts = self.losses(target, tokens, feats[:, :-1], label_from)
         return sum(losses) / len(losses), {"agree": hits, "count": counts}
 
 

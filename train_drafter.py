@@ -12,8 +12,10 @@ or `dflash` (draft_diffusion.py).
 2. Training: the target stays frozen (embedding and head included); its hidden states on the
    distillation data are computed once and kept in memory. Every drafter model exposes the
    same two things:
-   `hidden_layers` (which target layers it reads) and `loss(target, tokens, feats)` ->
-   (loss, stats) with per-position top-1 agreement counts. AdamW, cosine schedule, 4 %
+   `hidden_layers` (which target layers it reads) and `loss(target, tokens, feats, label_from)`
+   -> (loss, stats) with per-position top-1 agreement counts. Only the continuation is scored
+   (label_from = --prompt-len): the corpus prompt is context, and no draft is ever checked
+   against it (the papers' response-only loss). AdamW, cosine schedule, 4 %
    warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on the same data and
    budget; batch size and peak rate per method (RECIPE below: what the reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
@@ -118,7 +120,7 @@ def cached_features(target, tokens, layers, batch=32):
 
 
 @torch.no_grad()
-def evaluate(model, target, val, val_feats, batch_size):
+def evaluate(model, target, val, val_feats, batch_size, label_from):
     """Mean held-out loss and per-position agreement. Whatever the loss draws at random (DFlash's
     anchors) is drawn the same at every evaluation, so the logged curve shows the model, not the
     draw, and training's own random stream does not depend on how often it evaluates."""
@@ -127,7 +129,7 @@ def evaluate(model, target, val, val_feats, batch_size):
     with torch.random.fork_rng():
         torch.manual_seed(0)
         for i in range(0, len(val), batch_size):
-            loss, st = model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size])
+            loss, st = model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size], label_from=label_from)
             losses.append(loss.item())
             agree, count = agree + st["agree"], count + st["count"]
     model.train()
@@ -202,19 +204,19 @@ def main(args):
             perm = torch.randperm(len(train), generator=g)
         j = (step * args.batch_size) % len(train)
         idx = perm[j:j + args.batch_size].to(device)
-        loss, st = model.loss(target, train[idx], train_feats[idx])
+        loss, st = model.loss(target, train[idx], train_feats[idx], label_from=args.prompt_len)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if step % args.eval_every == 0 or step == 1:
-            vl, acc = evaluate(model, target, val, val_feats, args.batch_size)
+            vl, acc = evaluate(model, target, val, val_feats, args.batch_size, args.prompt_len)
             eta = eta_s(budget, time.time() - t0, step, args.max_steps)
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
-    vl, acc = evaluate(model, target, val, val_feats, args.batch_size)
+    vl, acc = evaluate(model, target, val, val_feats, args.batch_size, args.prompt_len)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")

@@ -209,6 +209,28 @@ def test_sampled_anchors_leave_a_label_and_a_context_position():
 
 
 @torch.no_grad()
+def test_labels_from_skip_the_prompt():
+    """With label_from = L every sampled anchor is at L-1 or later, so no label falls in the
+    prompt: the tokens before L-1 (with the target's features held fixed) cannot move the loss.
+    Without label_from they do."""
+    target, df = setup(block_size=4)
+    L, T = 9, 14
+    tokens = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(0))
+    feats = feats_of(target, df, tokens)
+    other = tokens.clone()
+    other[:, :L - 1] = (other[:, :L - 1] + 1) % 97
+
+    def loss(tok, label_from):
+        torch.manual_seed(0)
+        return [df.loss(target, tok, feats, label_from=label_from)[0] for _ in range(5)]
+
+    assert all(torch.equal(a, b) for a, b in zip(loss(tokens, L), loss(other, L)))
+    assert not all(torch.equal(a, b) for a, b in zip(loss(tokens, 0), loss(other, 0)))
+    with pytest.raises(ValueError, match="no anchor"):
+        df.loss(target, tokens, feats, label_from=T)
+
+
+@torch.no_grad()
 def test_block_at_the_context_edge_trains():
     """A sequence as long as the target's context, anchored near its end: the block's slots past
     the RoPE table take part (masked out of the loss) without indexing past the table."""

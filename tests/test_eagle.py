@@ -239,17 +239,25 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
 
 
 @torch.no_grad()
-def test_unroll_steps_are_weighted_0_8_to_the_j():
+@pytest.mark.parametrize("label_from", [0, 3, 7])
+def test_unroll_steps_are_weighted_0_8_to_the_j(label_from):
+    """Step j's cross-entropy over the labels x_{p+2} with p >= j (the chain exists) and
+    p + 2 >= label_from (the continuation, not the prompt), weighted 0.8^j."""
     import torch.nn.functional as F
     target = frozen(tiny_model(1))
     e = random_eagle(target, ttt_steps=3)
     tok = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
     feats = features(target, tok, e.hidden_layers)
-    labels = tok[:, 2:]
-    ces = [F.cross_entropy(e.logits(target, h[:, j:]).flatten(0, 1), labels[:, j:].flatten())
-           for j, h in enumerate(e.unroll(target, tok, feats))]
+    p = torch.arange(10)                                          # p = 0..T-3, label at p + 2
+    ces, counts = [], []
+    for j, h in enumerate(e.unroll(target, tok, feats)):
+        scored = (p >= j) & (p + 2 >= label_from)
+        ces.append(F.cross_entropy(e.logits(target, h[:, scored]).flatten(0, 1), tok[:, 2:][:, scored].flatten()))
+        counts.append(2 * int(scored.sum()))
     want = sum(0.8 ** j * c for j, c in enumerate(ces)) / sum(0.8 ** j for j in range(3))
-    assert torch.allclose(e.loss(target, tok, feats)[0], want, atol=1e-6)
+    loss, st = e.loss(target, tok, feats, label_from=label_from)
+    assert torch.allclose(loss, want, atol=1e-6)
+    assert st["count"].tolist() == counts
 
 
 def test_four_layer_target_gets_low_middle_high_taps():

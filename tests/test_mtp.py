@@ -180,21 +180,25 @@ def test_margin_gate_stops_only_when_every_row_is_unsure():
 
 
 @torch.no_grad()
-def test_training_losses_are_the_inference_modules_cross_entropies():
+@pytest.mark.parametrize("label_from", [0, 6])
+def test_training_losses_are_the_inference_modules_cross_entropies(label_from):
     """MTP.losses (training) against mtp_reference (inference, run from scratch): module k's loss
-    is the cross-entropy of its logits at position t against x_{t+k+1}. A shifted label or
-    input would still be learnable, so only this comparison can see it."""
+    is the cross-entropy of its logits at position t against x_{t+k+1}, over the labels at
+    positions >= label_from. A shifted label or input would still be learnable, so only this
+    comparison can see it."""
     target = random_target()
     heads = random_mtp(target)
     seq = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     N = len(seq)
     _, hid = target(torch.tensor([seq[:N - 1]]), hidden_layers=(target.cfg.n_layer,))
-    losses = heads.losses(target, torch.tensor([seq]), hid[0])[0]
+    losses, _, counts = heads.losses(target, torch.tensor([seq]), hid[0], label_from)
     ref = mtp_reference(target, heads, seq, [0] * DEPTH)  # positions t <= N-2-k see committed tokens only
     for k, (hidden, _) in enumerate(ref, 1):
+        scored = torch.arange(k + 1, N) >= label_from                 # label positions k+1..N-1
         logits = target.head(heads.mods[k - 1].out_norm(hidden[:N - 1 - k]))
-        want = torch.nn.functional.cross_entropy(logits, torch.tensor(seq[k + 1:N]))
+        want = torch.nn.functional.cross_entropy(logits[scored], torch.tensor(seq[k + 1:N])[scored])
         assert torch.allclose(losses[k - 1], want, atol=1e-5), k
+        assert int(counts[k - 1]) == int(scored.sum())
 
 
 # -----------------------------------------------------------------------------

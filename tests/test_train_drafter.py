@@ -46,6 +46,18 @@ def test_each_method_trains_saves_and_loads(target_dir, method, capsys):
         speculate.load_drafter(method, other, str(target_dir))
 
 
+@pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
+def test_only_the_continuation_is_scored(target_dir, method, monkeypatch):
+    """Drafts are verified against what the target says, never against the corpus prompt, so
+    every training and evaluation loss is told that labels start at --prompt-len."""
+    cls = type(train_drafter.make_drafter_model(method, load_target(str(target_dir / "target.pt")),
+                                                train_drafter.get_parser().parse_args(["--method", method])))
+    seen, real = [], cls.loss
+    monkeypatch.setattr(cls, "loss", lambda self, *a, **k: seen.append(k.get("label_from")) or real(self, *a, **k))
+    run(target_dir, method)
+    assert seen and set(seen) == {16}  # ARGS' --prompt-len
+
+
 def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
     run(target_dir, "dflash", "--max-steps", "1")
     run(target_dir, "dflash", "--max-steps", "1")
@@ -151,10 +163,10 @@ def test_evaluate_sums_agreement_over_all_batches():
     class Fake:
         def eval(self): pass
         def train(self): pass
-        def loss(self, target, tok, feats):
+        def loss(self, target, tok, feats, label_from):
             l, a, c = next(stats)
             return torch.tensor(l), {"agree": torch.tensor(a), "count": torch.tensor(c)}
-    loss, acc = train_drafter.evaluate(Fake(), None, torch.zeros(4, 3), torch.zeros(4, 3, 1), 2)
+    loss, acc = train_drafter.evaluate(Fake(), None, torch.zeros(4, 3), torch.zeros(4, 3, 1), 2, 0)
     assert loss == 2.0 and acc == pytest.approx([2 / 8, 2 / 6])
 
 
@@ -162,13 +174,13 @@ def test_evaluate_draws_the_same_at_every_call_and_leaves_the_training_rng_alone
     class Random:  # a loss as random as DFlash's anchors
         def eval(self): pass
         def train(self): pass
-        def loss(self, target, tok, feats):
+        def loss(self, target, tok, feats, label_from):
             return torch.rand(()), {"agree": torch.rand(2), "count": torch.ones(2)}
     val, feats = torch.zeros(4, 3), torch.zeros(4, 3, 1)
     torch.manual_seed(1)
-    first = train_drafter.evaluate(Random(), None, val, feats, 2)
+    first = train_drafter.evaluate(Random(), None, val, feats, 2, 0)
     after = torch.rand(3)
     torch.manual_seed(1)
     assert torch.equal(torch.rand(3), after)  # evaluate consumed nothing from the caller's stream
     torch.manual_seed(2)
-    assert train_drafter.evaluate(Random(), None, val, feats, 2) == first
+    assert train_drafter.evaluate(Random(), None, val, feats, 2, 0) == first
