@@ -9,7 +9,8 @@ One step, per row:
   3. accept d_i while u_i < min(1, p_i(d_i) / q_i(d_i))      (greedy: while d_i == argmax p_i)
   4. at the first rejection i emit a token from norm(max(0, p_i - q_i)); if all K were
      accepted emit the "bonus" token from p_{K+1}. So every step commits accepted + 1 tokens.
-  5. roll the target's KV cache back to the committed length (O(1), per row)
+  5. roll the target's KV cache back to the committed length - 1 (O(1), per row): the emitted
+     token is not fed yet
 This is lossless for any q: greedy output equals plain greedy decoding token for token, and
 sampled output has exactly the target's distribution.
 
@@ -20,10 +21,11 @@ and is the first token of the next verify pass.
 The drafter interface (the one seam of this repo; ngram and draft live here, mtp.py,
 draft_eagle.py and draft_diffusion.py hold the others):
     hidden_layers                 target layers whose hidden states the drafter needs
-    prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for fed positions
+    prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for the padded prompts
+                                  (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
                                   K' <= K; q None means the drafts are argmax picks (q one-hot)
-    update(tokens, n, feats, n_new)  feats (B, K+1, F) of the verify pass, n_new (B,) of them
+    update(tokens, n, feats, n_new)  feats (B, K'+1, F) of the verify pass, n_new (B,) of them
                                   are now committed (accepted + 1); tokens/n already updated
     refill(b, tokens, n, feats)   row b holds a new prompt (continuous batching): tokens[b, :n[b]]
                                   committed, the first n[b]-1 fed, feats (1, n[b]-1, F) theirs;
@@ -66,28 +68,29 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
         best = p.argmax(-1)                                      # (B, K+1)
         ok = drafts == best[:, :K]                               # (B, K)
-        n = torch.cumprod(ok.long(), dim=1).sum(1)               # length of the accepted prefix
+        n_acc = torch.cumprod(ok.long(), dim=1).sum(1)           # length of the accepted prefix
         # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
-        return n, best.gather(1, n[:, None])[:, 0]
+        return n_acc, best.gather(1, n_acc[:, None])[:, 0]
     p = p.float()
     p_d = p[:, :K].gather(2, drafts[:, :, None])[..., 0]         # p_i(d_i)       (B, K)
     q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, drafts[:, :, None])[..., 0]
     # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
     ok = uniforms[:, :K] * q_d < p_d                             # (B, K)
-    n = torch.cumprod(ok.long(), dim=1).sum(1)                   # (B,)
-    # the distribution the emitted token comes from, per row:
-    #   rejected at i = n < K: residual norm(max(0, p_i - q_i)); with argmax drafts q_i is
-    #   one-hot at d_i, so the residual is p_i with d_i removed
-    #   all accepted (n = K): the bonus, straight from p_{K+1}
-    p_n = p.gather(1, n[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
+    n_acc = torch.cumprod(ok.long(), dim=1).sum(1)               # (B,)
+    # the distribution the emitted token comes from, per row (0-based: p[:, n_acc] is the
+    # target's distribution at the first rejected draft, or at the bonus position if n_acc = K):
+    #   rejected (n_acc < K): residual norm(max(0, p - q)) there; with argmax drafts q is
+    #   one-hot at the draft, so the residual is p with the draft removed
+    #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
+    p_n = p.gather(1, n_acc[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
     q_n = torch.zeros_like(p_n)                                  # no q beyond the drafts
     if K > 0:
-        i = n.clamp(max=K - 1)
+        i = n_acc.clamp(max=K - 1)  # keeps the gather in range; the where below zeroes n_acc = K
         if q is None:
             q_n.scatter_(1, drafts.gather(1, i[:, None]), 1.0)
         else:
             q_n = q.float().gather(1, i[:, None, None].expand(B, 1, V))[:, 0]
-        q_n = torch.where((n < K)[:, None], q_n, torch.zeros_like(q_n))
+        q_n = torch.where((n_acc < K)[:, None], q_n, torch.zeros_like(q_n))
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejection implies p_i(d_i) < q_i(d_i), so sum(r) > 0 in exact arithmetic; guard
     # against rounding anyway by falling back to p itself.
@@ -98,7 +101,7 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     cdf = r.cumsum(-1)
     u = uniforms[:, K:K1] * cdf[:, -1:]
     nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
-    return n, nxt
+    return n_acc, nxt
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
@@ -114,15 +117,16 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 
 def ragged_positions(start, last):
     """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
-    (B, m). This is how every drafter catches its cache up on rows of different lengths in one
-    pass; the padding writes junk past a row's end, which the caller's rollback hides."""
+    (B, m). This is how the drafters with a cache of their own (draft, mtp, eagle) catch it up
+    on rows of different lengths in one pass; the padding writes junk past a row's end, which the caller's rollback hides."""
     m = int((last - start).max()) + 1
     return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
 
 
 def feed_ragged(model, cache, tokens, n, hidden_layers=()):
     """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
-    padded pass; return logits (B, V) at each row's last real token and the features."""
+    padded pass; return the logits (B, V) at each row's last real token (junk for a row with
+    nothing to feed), the features of the pass and where each row's feed started (B,)."""
     start = cache.lengths.clone()
     idx = ragged_positions(start, n - 1)                                    # (B, m)
     logits, hidden = model(tokens.gather(1, idx), cache, hidden_layers=hidden_layers)
@@ -187,7 +191,7 @@ class ModelDrafter:
     def params(self):
         return self.model.n_params()
 
-    def prefill(self, tokens, n, feats):
+    def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
         self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
 
     def update(self, tokens, n, feats, n_new):
@@ -247,12 +251,12 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     device = target.head.weight.device
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
-    # NOTE: a row may overshoot its budget by up to K tokens in its last step, and a finished
-    # row still rides along in later verify passes (masked out), which reads K+1 more positions
-    # past that: hence 2K + 1 positions of headroom, not K + 1.
-    T_max = longest + max_new_tokens + 2 * K + 1
+    # NOTE: the commit step never takes a row past its budget (n - lens <= max_new_tokens), but a
+    # row at its budget, finished or not, still rides along in a verify pass over K+1 positions
+    # from n-1, and the commit writes up to column n+K: hence K+1 positions of headroom.
+    T_max = longest + max_new_tokens + K + 1
     if T_max > target.cfg.max_seq_len:
-        raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + {2 * K + 1} "
+        raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + {K + 1} "
                          f"positions of draft headroom exceeds the target's context of {target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
@@ -289,7 +293,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     rows = torch.arange(B, device=device)
 
     # continuous batching: a finished row hands its tokens over and takes the next prompt
-    outputs, slot, taken, waiting = [None] * len(prompts), list(range(B)), [False] * B, B
+    outputs, slot, taken, next_prompt = [None] * len(prompts), list(range(B)), [False] * B, B
 
     def take(b):  # row b's prompt is done: keep its new tokens (cut at the stop token)
         out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
@@ -315,13 +319,13 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         return bool(done[b])
 
     def retire():
-        nonlocal waiting
+        nonlocal next_prompt
         for b, d in enumerate(done.tolist()):
             while d and not taken[b]:
                 take(b)
-                if waiting < len(prompts):
-                    d = start(b, waiting)
-                    waiting += 1
+                if next_prompt < len(prompts):
+                    d = start(b, next_prompt)
+                    next_prompt += 1
 
     retire()
     while not all(taken):
@@ -349,13 +353,14 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # never commit past a row's budget: the excess would be cut anyway, and a finished row
         # keeps riding along in the batch, so its n must stay within the T_max buffers
         n_new = torch.minimum(n_new, max_new_tokens - (n - lens))
-        # commit d_1..d_n and then the emitted token, per row
+        # commit d_1..d_{n_acc} and then the emitted token, per row: new is [d_1..d_{n_acc},
+        # emitted, ...], keep admits its first n_new slots, other columns keep their old value
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
         new = torch.cat([drafts, nxt[:, None]], 1)
         new.scatter_(1, n_acc[:, None], nxt[:, None])               # slot n_acc holds the emitted token
         keep = torch.arange(Kd + 1, device=device)[None] < n_new[:, None]
         tokens.scatter_(1, cols, torch.where(keep, new, tokens.gather(1, cols)))
-        # 5. rollback: the target has now fed everything but the emitted token
+        # 5. rollback: the target has now fed everything but the last committed token
         n = n + n_new
         cache.rollback(n - 1)
         if drafter is not None:

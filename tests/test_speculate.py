@@ -559,6 +559,43 @@ def test_ngram_copies_what_followed_the_latest_occurrence():
     assert NgramDrafter(n=2)._lookup([1, 2, 9, 1, 2, 7, 1, 2], 1) == [7]
 
 
+def drafter_of(method, target):
+    """A random drafter of each family for the tiny target (acceptance is low, which is fine for
+    tests of where things are written)."""
+    if method == "ngram":
+        return NgramDrafter()
+    if method == "draft":
+        return ModelDrafter(tiny_model(1))
+    if method == "mtp":
+        from test_mtp import echo_mtp
+        from mtp import MTPDrafter
+        return MTPDrafter(target, echo_mtp(target))
+    if method == "eagle":
+        from test_eagle import random_eagle
+        from draft_eagle import EagleDrafter
+        return EagleDrafter(target, random_eagle(target))
+    from test_dflash import random_dflash
+    from draft_diffusion import DFlashDrafter
+    return DFlashDrafter(target, random_dflash(target.cfg, block_size=8))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("batch_size", [None, 2])
+@pytest.mark.parametrize("method", ["ngram", "draft", "mtp", "eagle", "dflash"])
+def test_a_budget_that_fills_the_whole_context(method, batch_size):
+    """Longest prompt + max_new_tokens + K + 1 = the target's context, the least generate
+    accepts: rows finish at different passes and ride along to the end, and no drafter writes
+    past its buffers or the RoPE table; greedy output is still plain decoding's."""
+    target, K = random_target(), 4
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (200, 187, 196)]
+    max_new = target.cfg.max_seq_len - 200 - K - 1
+    plain, _ = speculate.generate(target, prompts, None, max_new_tokens=max_new)
+    spec, _ = speculate.generate(target, prompts, drafter_of(method, target), max_new_tokens=max_new, K=K,
+                                 batch_size=batch_size)
+    assert spec == plain
+
+
 def test_bad_input_raises_clear_errors():
     target = random_target()
     gen = lambda prompts, **kw: speculate.generate(target, prompts, NgramDrafter(), **{"max_new_tokens": 8, **kw})
@@ -568,6 +605,8 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2], []])
     with pytest.raises(ValueError, match="exceeds the target's context"):
         gen([[1] * 200], max_new_tokens=60)
+    with pytest.raises(ValueError, match="exceeds the target's context"):
+        gen([[1] * 244])  # one position more than fits
     with pytest.raises(ValueError, match="K must be >= 1"):
         gen([[1, 2]], K=0)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
@@ -578,7 +617,7 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], temperature=1.0, top_k=0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         gen([[1, 2]], batch_size=0)
-    assert len(gen([[1] * 239])[0][0]) == 8  # 239 + 8 new + 2K + 1 = 256, the whole context: still fits
+    assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
