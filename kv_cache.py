@@ -13,12 +13,12 @@ Appending T positions to row b writes at lengths[b] .. lengths[b]+T-1. Rollback 
 hidden by the mask and later overwritten, which is why the mask is derived from the lengths
 and never from what the buffer happens to contain.
 
-The same class serves the target, the small draft model and the EAGLE drafter. Typical use
+The same class serves the target, the small draft model, the MTP modules and the EAGLE drafter. Typical use
 inside a model's forward:
 
     pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
     for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
-               k_all, v_all = cache.read(layer, T)
+               k_all, v_all = cache.read(layer)
                mask = cache.mask()           # (B, 1, T, T_keys) True = may attend
     cache.advance(T)                         # after the last layer
 """
@@ -51,8 +51,9 @@ class KVCache:
         self._keys = int(self.lengths.max()) + T
         if self._keys > self.max_len:
             raise ValueError(f"KV cache overflow: {self._keys} positions > max_len {self.max_len}")
-        # query t of row b sees key j iff j <= lengths[b] + t: everything at or past a row's
-        # own new end is stale or another row's padding
+        # query t of row b sees key j iff j <= lengths[b] + t: keys after the query's own
+        # position are hidden, the row's later new tokens (causal) and, past lengths[b] + T,
+        # stale entries or the padding up to another row's end
         j = torch.arange(self._keys, device=self.lengths.device)              # (T_keys,)
         self._mask = (j[None, None, :] <= pos[:, :, None])[:, None]          # (B, 1, T, T_keys)
         return pos
