@@ -15,6 +15,9 @@ injected as keys and values through that layer's own projections:
     q = W_q x_block      k = [k_norm(W_k c_{0..s-1}) ; k_norm(W_k x_block)]      (RoPE at
                          v = [       W_v c_{0..s-1}  ;        W_v x_block ]       absolute pos)
 
+(x_block is the layer's attn_norm of the block's stream and q is q_normed, as in the target's
+layers; c was RMS-normed once, by ctx_norm, and enters every layer as it is.)
+
 The context gets no queries, MLP or residual: it only supplies keys and values, so its
 per-layer K/V can be cached and extended by the newly committed positions after every verify
 (the KV-injection op, cuda.kv_inject, one launch for all layers). The drafter has no
@@ -42,7 +45,8 @@ import torch.nn.functional as F
 
 from model import Block, RMSNorm, apply_rope, logits_to_probs, weights_hash, load_checkpoint
 
-# loss decay per block size (paper); train_drafter's recipe passes 4 for B = 16, which beat 7 there
+# loss decay per block size (paper); train_drafter's recipe passes 4 at every block size (for
+# B = 16 it beat 7)
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -87,25 +91,26 @@ class DFlash(nn.Module):
         B, T, _ = c.shape
         ks, vs = [], []
         for layer in self.layers:
-            a = layer.attn
-            ks.append(a.k_norm(a.wk(c).view(B, T, a.n_kv_head, a.head_dim)))
-            vs.append(a.wv(c).view(B, T, a.n_kv_head, a.head_dim))
+            attn = layer.attn
+            ks.append(attn.k_norm(attn.wk(c).view(B, T, attn.n_kv_head, attn.head_dim)))
+            vs.append(attn.wv(c).view(B, T, attn.n_kv_head, attn.head_dim))
         return torch.stack(ks), torch.stack(vs)
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
         """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
         (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L such);
-        mask (B, 1, S, T_ctx + S) or None (= every query sees every key: inference, full rows).
+        mask (B, 1, 1, T_ctx + S), the same for every query of a block, or None (= every query
+        sees every key: inference, rows of one length). In training, B is batch x anchors.
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):
-            a, h = layer.attn, layer.attn_norm(x)
-            q = a.project_q(h, cos, sin)                    # (B, H, S, D)
-            k, v = a.project_kv(h, cos, sin)                # (B, H_kv, S, D)
+            attn, h = layer.attn, layer.attn_norm(x)
+            q = attn.project_q(h, cos, sin)                 # (B, H, S, D)
+            k, v = attn.project_kv(h, cos, sin)             # (B, H_kv, S, D)
             k = torch.cat([ctx_k[i], k], 2)                 # injected context first
             v = torch.cat([ctx_v[i], v], 2)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            x = x + a.wo(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+            x = x + attn.wo(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
             x = x + layer.mlp(layer.mlp_norm(x))
         return target.head(self.norm(x))
 
@@ -116,7 +121,8 @@ class DFlash(nn.Module):
         target on them, anchors (B, A). Returns logits (B, A, S, V) and positions (B, A, S).
         Every block becomes its own row of a (B*A)-row batch, exactly as at inference: its
         keys are its sequence's context (masked to j < a) followed by its own S slots, so the
-        block-sparse pattern costs S*(T+S) scores per block instead of a dense (A*S)^2 mask."""
+        block-sparse pattern costs S*(T+S) scores per block, where all blocks in one row would
+        cost A*S*(T+A*S) under a dense mask."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         A = anchors.shape[1]
@@ -145,9 +151,10 @@ class DFlash(nn.Module):
 
     def loss(self, target, tokens, feats, anchors=None, label_from=0):
         """Weighted block loss and per-slot top-1 agreement counts. Anchors are sampled afresh
-        on every call (so each epoch sees new ones) unless given (B, A). Tokens before
-        label_from (the corpus prompt) are context only: anchors start at label_from - 1, the
-        prompt's last token, which is where the first block of a generation is anchored."""
+        on every call (self.anchors of them per sequence, so each epoch sees new ones) unless
+        given as positions (B, A). Tokens before label_from (the corpus prompt) are context
+        only: anchors start at label_from - 1, the prompt's last token, which is where the
+        first block of a generation is anchored."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         lo = max(1, label_from - 1)  # a in [lo, T-2]: at least one context position and one label
@@ -235,7 +242,9 @@ class DFlashDrafter:
         T_ctx = int(self.ctx_len.max())
         ck, cv = self.ck[:, :, :, :T_ctx], self.cv[:, :, :, :T_ctx]
         mask = None  # the block sees all of itself and all of its row's context: no mask at all
-        if bool((self.ctx_len != T_ctx).any()):  # ragged rows: hide other rows' stale context
+        # rows of different context lengths: hide each row's slots past its own ctx_len
+        # (padding up to the longest row, or what an earlier prompt left after a refill)
+        if bool((self.ctx_len != T_ctx).any()):
             see = torch.arange(T_ctx, device=dev)[None] < self.ctx_len[:, None]       # (B, T_ctx)
             mask = torch.cat([see, torch.ones(B, S, dtype=torch.bool, device=dev)], 1)[:, None, None]
         return self.dflash.blocks_forward(self.target, self.target.embed(blk), pos, ck, cv, mask)

@@ -18,6 +18,8 @@ rolled back, so the cache only ever holds exact positions 0..N-2.
 
 Training ("training-time test"): unroll n steps (7) on its own predicted features, step j
 weighted 0.8^j, so the drafter learns to read the features it will actually get at inference.
+Each step feeds the data token, not the drafter's own guess: a chain only matters while its
+drafts equal the target's tokens, and on that prefix the two are the same.
 
     python train_drafter.py --method eagle
     python speculate.py --method eagle --check

@@ -18,7 +18,9 @@ so each keeps a KV cache of its own. Module k's entry at position p is exact onl
 input token x_{p+k} is committed, i.e. p <= N-1-k: each propose() first catches every module
 up on positions that became exact, runs the draft chain, then rolls the tentative entries
 back. Confidence gating (`--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4 engine):
-draft at most N tokens and stop early once the top-1 vs top-2 logit margin falls below M.
+draft at most N tokens, and stop the chain after the first module at which every row's top-1
+vs top-2 raw-logit margin is below M (one rule for the whole batch; that module's draft is
+still proposed).
 """
 
 import os
