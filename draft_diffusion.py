@@ -24,10 +24,11 @@ per-layer K/V can be cached and extended by the newly committed positions after 
 embedding or head of its own: it uses the target's, frozen (the <|mask|> row stays untrained).
 
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
-continuations, sample many anchors a per sequence, from the prompt's last token on (blocks are
-only ever drafted there); each anchor's block [x_a, mask...] sees the context strictly before
-a (c_0..c_{a-1}) plus its own block, never other blocks, all in one pass: each block is a
-row of its own with a key mask, which is the block-sparse pattern without a dense mask.
+continuations, sample many anchors a per sequence (with --continuation-only from the prompt's
+last token on, where blocks are drafted); each anchor's block [x_a, mask...] sees the context
+strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in one pass: each
+block is a row of its own with a key mask, which is the block-sparse pattern without a dense
+mask.
 Loss = cross-entropy at slots 1..B-1 against x_{a+k}, weighted by exp(-(k-1)/gamma) (early
 slots matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels

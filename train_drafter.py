@@ -13,9 +13,10 @@ or `dflash` (draft_diffusion.py).
    distillation data are computed once and kept in memory. Every drafter model exposes the
    same two things:
    `hidden_layers` (which target layers it reads) and `loss(target, tokens, feats, label_from)`
-   -> (loss, stats) with per-position top-1 agreement counts. Only the continuation is scored
-   (label_from = --prompt-len): the corpus prompt is context, and no draft is ever checked
-   against it (the papers' response-only loss). AdamW, cosine schedule, 4 %
+   -> (loss, stats) with per-position top-1 agreement counts. By default the corpus prompt's
+   next tokens are scored too (label_from = 0), although no draft is ever checked against
+   them; --continuation-only scores the target's text alone, as the papers do (label_from =
+   --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW, cosine schedule, 4 %
    warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on the same data and
    budget; batch size and peak rate per method (RECIPE below: what the reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
@@ -177,6 +178,7 @@ def main(args):
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     train, val = get_distill_data(target, args, th)
     train, val = train.to(device), val.to(device)
+    label_from = args.prompt_len if args.continuation_only else 0  # first position scored as a label
     print(f"distill data: {tuple(train.shape)} train, {tuple(val.shape)} val sequences")
 
     model = make_drafter_model(args.method, target, args).to(device)
@@ -204,19 +206,19 @@ def main(args):
             perm = torch.randperm(len(train), generator=g)
         j = (step * args.batch_size) % len(train)
         idx = perm[j:j + args.batch_size].to(device)
-        loss, st = model.loss(target, train[idx], train_feats[idx], label_from=args.prompt_len)
+        loss, st = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if step % args.eval_every == 0 or step == 1:
-            vl, acc = evaluate(model, target, val, val_feats, args.batch_size, args.prompt_len)
+            vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
             eta = eta_s(budget, time.time() - t0, step, args.max_steps)
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
-    vl, acc = evaluate(model, target, val, val_feats, args.batch_size, args.prompt_len)
+    vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
@@ -252,6 +254,10 @@ def get_parser():
     g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {recipe_of('lr')}; for "
                    "dflash the paper's, which 2e-3 did not beat)")
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    g.add_argument("--continuation-only", action="store_true",
+                   help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "
+                        "anchors from the prompt's last token on). Not in the recipe yet: on the cpu preset it raised "
+                        "dflash's tau and lowered eagle's (docs/experiments.md)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")

@@ -47,14 +47,17 @@ def test_each_method_trains_saves_and_loads(target_dir, method, capsys):
 
 
 @pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
-def test_only_the_continuation_is_scored(target_dir, method, monkeypatch):
-    """Drafts are verified against what the target says, never against the corpus prompt, so
-    every training and evaluation loss is told that labels start at --prompt-len."""
+def test_continuation_only_scores_from_the_prompt_length(target_dir, method, monkeypatch):
+    """By default every label is scored; with --continuation-only every training and evaluation
+    loss is told that labels start at --prompt-len."""
     cls = type(train_drafter.make_drafter_model(method, load_target(str(target_dir / "target.pt")),
                                                 train_drafter.get_parser().parse_args(["--method", method])))
     seen, real = [], cls.loss
     monkeypatch.setattr(cls, "loss", lambda self, *a, **k: seen.append(k.get("label_from")) or real(self, *a, **k))
     run(target_dir, method)
+    assert seen and set(seen) == {0}
+    seen.clear()
+    run(target_dir, method, "--continuation-only")
     assert seen and set(seen) == {16}  # ARGS' --prompt-len
 
 
