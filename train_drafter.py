@@ -16,9 +16,9 @@ or `dflash` (draft_diffusion.py).
    -> (loss, stats) with per-position top-1 agreement counts. By default the corpus prompt's
    next tokens are scored too (label_from = 0), although no draft is ever checked against
    them; --continuation-only scores the target's text alone, as the papers do (label_from =
-   --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW, cosine schedule, 4 %
-   warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on the same data and
-   budget; batch size and peak rate per method (RECIPE below: what the reference weights used).
+   --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW,
+   cosine schedule, 4 % warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on
+   the same data and budget; batch size and peak rate per method (RECIPE below: what the reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
    for; loading it against another target is an error.
 
