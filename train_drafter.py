@@ -256,8 +256,8 @@ def get_parser():
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     g.add_argument("--continuation-only", action="store_true",
                    help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "
-                        "anchors from the prompt's last token on). Not in the recipe yet: on the cpu preset it raised "
-                        "dflash's tau and lowered eagle's (docs/experiments.md)")
+                        "anchors from the prompt's last token on). The committed dflash was trained with it; on the cpu "
+                        "preset it raised dflash's tau and lowered eagle's (docs/experiments.md)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")
