@@ -559,26 +559,6 @@ def test_ngram_copies_what_followed_the_latest_occurrence():
     assert NgramDrafter(n=2)._lookup([1, 2, 9, 1, 2, 7, 1, 2], 1) == [7]
 
 
-def drafter_of(method, target):
-    """A random drafter of each family for the tiny target (acceptance is low, which is fine for
-    tests of where things are written)."""
-    if method == "ngram":
-        return NgramDrafter()
-    if method == "draft":
-        return ModelDrafter(tiny_model(1))
-    if method == "mtp":
-        from test_mtp import echo_mtp
-        from mtp import MTPDrafter
-        return MTPDrafter(target, echo_mtp(target))
-    if method == "eagle":
-        from test_eagle import random_eagle
-        from draft_eagle import EagleDrafter
-        return EagleDrafter(target, random_eagle(target))
-    from test_dflash import random_dflash
-    from draft_diffusion import DFlashDrafter
-    return DFlashDrafter(target, random_dflash(target.cfg, block_size=8))
-
-
 @torch.no_grad()
 @pytest.mark.parametrize("batch_size", [None, 2])
 @pytest.mark.parametrize("method", ["ngram", "draft", "mtp", "eagle", "dflash"])
@@ -591,8 +571,8 @@ def test_a_budget_that_fills_the_whole_context(method, batch_size):
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (200, 187, 196)]
     max_new = target.cfg.max_seq_len - 200 - K - 1
     plain, _ = speculate.generate(target, prompts, None, max_new_tokens=max_new)
-    spec, _ = speculate.generate(target, prompts, drafter_of(method, target), max_new_tokens=max_new, K=K,
-                                 batch_size=batch_size)
+    drafter = make_drafter(method, target) if method in ("ngram", "draft") else feature_drafter(method, target)
+    spec, _ = speculate.generate(target, prompts, drafter, max_new_tokens=max_new, K=K, batch_size=batch_size)
     assert spec == plain
 
 
