@@ -18,7 +18,8 @@ or `dflash` (draft_diffusion.py).
    them; --continuation-only scores the target's text alone, as the papers do (label_from =
    --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW,
    cosine schedule, 4 % warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on
-   the same data and budget; batch size and peak rate per method (RECIPE below: what the reference weights used).
+   the same data and budget; batch size and peak rate per method (RECIPE below: what the
+   reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
    for; loading it against another target is an error.
 
