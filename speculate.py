@@ -118,7 +118,8 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 def ragged_positions(start, last):
     """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
     (B, m). This is how the drafters with a cache of their own (draft, mtp, eagle) catch it up
-    on rows of different lengths in one pass; the padding writes junk past a row's end, which the caller's rollback hides."""
+    on rows of different lengths in one pass; the padding writes junk past a row's end, which
+    the caller's rollback hides."""
     m = int((last - start).max()) + 1
     return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
 
