@@ -64,6 +64,11 @@ class MTP(nn.Module):
         position t sees x_{t+k} and predicts x_{t+k+1}. Tokens before label_from are
         context only, never labels."""
         B, T, _ = h0.shape
+        # module k scores label positions max(k+1, label_from)..T: empty (a NaN loss) unless
+        # T > depth and label_from <= T
+        if T <= self.depth or label_from > T:
+            raise ValueError(f"a window of {T + 1} tokens leaves no label for depth {self.depth} "
+                             f"from position {label_from}")
         h, losses, hits, counts = h0, [], [], []
         for k, mod in enumerate(self.mods, 1):
             Tk = T - k

@@ -201,6 +201,23 @@ def test_training_losses_are_the_inference_modules_cross_entropies(label_from):
         assert int(counts[k - 1]) == int(scored.sum())
 
 
+@torch.no_grad()
+def test_losses_refuse_a_window_with_no_label():
+    """The last label (position N-1) still trains every depth; past it, or with a window no
+    longer than the depth, there is nothing to score and the loss would be NaN: an error."""
+    target = random_target()
+    heads = random_mtp(target)
+    seq = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(0))
+    _, hid = target(seq[:, :-1], hidden_layers=(target.cfg.n_layer,))
+    losses, _, counts = heads.losses(target, seq, hid[0], label_from=11)
+    assert counts.tolist() == [1] * DEPTH and all(torch.isfinite(l) for l in losses)
+    with pytest.raises(ValueError, match="no label"):
+        heads.losses(target, seq, hid[0], label_from=12)
+    with pytest.raises(ValueError, match="no label"):
+        heads.losses(target, seq[:, :DEPTH + 1], hid[0][:, :DEPTH])
+    heads.losses(target, seq[:, :DEPTH + 2], hid[0][:, :DEPTH + 1])  # one label per depth: fine
+
+
 # -----------------------------------------------------------------------------
 # sampling with mtp's real q is lossless
 
