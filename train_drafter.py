@@ -21,7 +21,9 @@ or `dflash` (draft_diffusion.py).
    the same data and budget; batch size and peak rate per method (RECIPE below: what the
    reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
-   for; loading it against another target is an error.
+   for; loading it against another target is an error. It is written every --save-every steps
+   too, with the optimizer and random state, so --resume continues a killed run where it was
+   (a committed drafter ran 80-100 minutes of one core).
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 import data
-from model import get_device, load_target, save_checkpoint, weights_hash
+from model import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
 from train import check_args, eta_s
 
 
@@ -161,6 +163,37 @@ def recipe_of(key):
     return ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
+# the flags that shape a run's steps: resuming under others would not continue the same run
+# (--minutes and --max-steps may change, to extend or cut a run)
+RUN_FLAGS = ("n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_temperatures", "seed", "batch_size", "lr",
+             "continuation_only")
+
+
+def resume(path, args, model, opt, order, target_hash):
+    """Restore an interrupted run from its last checkpoint: weights, optimizer, step, clock and
+    every random stream (data order, DFlash's anchors), so that the rest of the run is the one it
+    would have been. Returns (step, epoch, data order, elapsed seconds)."""
+    ck = load_checkpoint(path, kind=args.method)
+    if "optimizer" not in ck or "rng" not in ck:
+        raise ValueError(f"{path}: no optimizer or random state to resume from (an exported checkpoint?)")
+    if ck["target_hash"] != target_hash:
+        raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one ({target_hash})")
+    diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
+            for k in RUN_FLAGS if ck["args"].get(k) != getattr(args, k)]
+    if ck["config"] != model.config_dict():
+        diff.append(f"model {ck['config']} (given {model.config_dict()})")
+    if diff:
+        raise ValueError(f"{path} is another run; resume it with its own flags: " + ", ".join(diff))
+    model.load_state_dict(ck["state_dict"])
+    opt.load_state_dict(ck["optimizer"])
+    order.set_state(ck["rng"]["order"])
+    torch.set_rng_state(ck["rng"]["torch"])
+    if "cuda" in ck["rng"]:
+        torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+    print(f"resuming {path} at step {ck['step']} ({ck['elapsed'] / 60:.1f} min in)")
+    return ck["step"], ck["epoch"], ck["rng"]["perm"], ck["elapsed"]
+
+
 def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every", "mtp_depth",
@@ -189,9 +222,22 @@ def main(args):
     val_feats = cached_features(target, val, model.hidden_layers)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     budget, warm = args.minutes * 60, 0.04
-    g = torch.Generator().manual_seed(args.seed)
-    t0, step, epoch = time.time(), 0, 0
+    g = torch.Generator().manual_seed(args.seed)  # the data order
+    step, epoch, elapsed = 0, 0, 0.0
     perm = torch.randperm(len(train), generator=g)
+    path = os.path.join(args.out_dir, f"{args.method}.pt")
+    if args.resume:
+        step, epoch, perm, elapsed = resume(args.resume, args, model, opt, g, th)
+    t0 = time.time() - elapsed
+
+    def save(**extra):  # the drafter, plus what --resume needs to continue the run
+        rng = dict(order=g.get_state(), torch=torch.get_rng_state(), perm=perm)
+        if device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
+                                   target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
+                                   optimizer=opt.state_dict(), rng=rng, step=step, epoch=epoch,
+                                   elapsed=time.time() - t0, **extra))
     while True:
         frac = (time.time() - t0) / budget
         if args.max_steps:
@@ -219,14 +265,13 @@ def main(args):
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
+        if args.save_every and step % args.save_every == 0:
+            save()
     vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
-    path = os.path.join(args.out_dir, f"{args.method}.pt")
-    save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
-                               target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
-                               train_minutes=minutes, val_agreement=acc))
+    save(train_minutes=minutes, val_agreement=acc)
     print(f"saved {path}")
     print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "
           f"--methods {args.method}")
@@ -255,6 +300,10 @@ def get_parser():
     g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {recipe_of('lr')}; for "
                    "dflash the paper's, which 2e-3 did not beat)")
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    g.add_argument("--save-every", type=int, default=500, help="steps between checkpoints of the run in progress, "
+                   "which --resume continues (0 = only at the end)")
+    g.add_argument("--resume", default=None, metavar="CKPT", help="continue an interrupted run from its checkpoint "
+                   "(out-dir/<method>.pt), with the same flags; --minutes and --max-steps may change")
     g.add_argument("--continuation-only", action="store_true",
                    help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "
                         "anchors from the prompt's last token on). The committed dflash was trained with it; on the cpu "

@@ -61,6 +61,48 @@ def test_continuation_only_scores_from_the_prompt_length(target_dir, method, mon
     assert seen and set(seen) == {16}  # ARGS' --prompt-len
 
 
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
+def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, method, monkeypatch):
+    """A 6-step run killed right after its checkpoint at step 3, then resumed, ends with the
+    weights of the same run left alone: optimizer, data order (an epoch is 2 steps here) and
+    DFlash's anchors all continue. Close, not equal: the first step's rate (~1e-8, in warm-up)
+    comes from the clock."""
+    def train(out, *extra):
+        run(target_dir, method, "--out-dir", str(tmp_path / out), "--max-steps", "6", "--save-every", "3", *extra)
+        return torch.load(tmp_path / out / f"{method}.pt", weights_only=True)
+
+    whole = train("whole")
+    real = train_drafter.save_checkpoint
+
+    def killed_after_step_3(path, obj):
+        real(path, obj)
+        if obj.get("step") == 3:  # (the distillation data is saved this way too)
+            raise Interrupted
+    monkeypatch.setattr(train_drafter, "save_checkpoint", killed_after_step_3)
+    with pytest.raises(Interrupted):
+        train("cut")
+    monkeypatch.setattr(train_drafter, "save_checkpoint", real)
+    resumed = train("cut", "--resume", str(tmp_path / "cut" / f"{method}.pt"))
+    assert resumed["step"] == whole["step"] == 6 and resumed["epoch"] == whole["epoch"]
+    for k, v in whole["state_dict"].items():
+        assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
+    with pytest.raises(ValueError, match=r"another run.*--lr"):  # not the run it claims to continue
+        train("cut", "--resume", str(tmp_path / "cut" / f"{method}.pt"), "--lr", "1e-2")
+
+
+def test_resume_refuses_an_exported_checkpoint(target_dir, tmp_path):
+    from model import export_checkpoint
+    run(target_dir, "mtp", "--out-dir", str(tmp_path))
+    export_checkpoint(str(tmp_path / "mtp.pt"), str(tmp_path / "small.pt"))
+    assert not {"optimizer", "rng"} & set(torch.load(tmp_path / "small.pt", weights_only=True))  # weights/ keeps neither
+    with pytest.raises(ValueError, match="no optimizer"):
+        run(target_dir, "mtp", "--out-dir", str(tmp_path), "--resume", str(tmp_path / "small.pt"))
+
+
 def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
     run(target_dir, "dflash", "--max-steps", "1")
     run(target_dir, "dflash", "--max-steps", "1")
