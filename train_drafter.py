@@ -230,14 +230,14 @@ def main(args):
         step, epoch, perm, elapsed = resume(args.resume, args, model, opt, g, th)
     t0 = time.time() - elapsed
 
-    def save(**extra):  # the drafter, plus what --resume needs to continue the run
+    def save(finished, **extra):  # the drafter, plus what --resume needs to continue the run
         rng = dict(order=g.get_state(), torch=torch.get_rng_state(), perm=perm)
         if device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state_all()
         save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
                                    target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
                                    optimizer=opt.state_dict(), rng=rng, step=step, epoch=epoch,
-                                   elapsed=time.time() - t0, **extra))
+                                   elapsed=time.time() - t0, finished=finished, **extra))
     while True:
         frac = (time.time() - t0) / budget
         if args.max_steps:
@@ -266,12 +266,12 @@ def main(args):
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
         if args.save_every and step % args.save_every == 0:
-            save()
+            save(finished=False)  # bench.py will not use it until the run is done
     vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
-    save(train_minutes=minutes, val_agreement=acc)
+    save(finished=True, train_minutes=minutes, val_agreement=acc)
     print(f"saved {path}")
     print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "
           f"--methods {args.method}")

@@ -85,8 +85,12 @@ def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, metho
     monkeypatch.setattr(train_drafter, "save_checkpoint", killed_after_step_3)
     with pytest.raises(Interrupted):
         train("cut")
+    import bench
+    cut = str(tmp_path / "cut")
+    assert bench.usable(method, [cut], whole["target_hash"]) is None  # bench waits for the finished run
     monkeypatch.setattr(train_drafter, "save_checkpoint", real)
     resumed = train("cut", "--resume", str(tmp_path / "cut" / f"{method}.pt"))
+    assert bench.usable(method, [cut], whole["target_hash"]) == cut
     assert resumed["step"] == whole["step"] == 6 and resumed["epoch"] == whole["epoch"]
     for k, v in whole["state_dict"].items():
         assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
