@@ -88,8 +88,8 @@ def try_load_target(path, device, dtype):
 
 
 def usable(method, folders, th):
-    """The first folder with a usable checkpoint for `method`, or None (missing, unfinished, or
-    stale: trained for another target, th being this target's hash)."""
+    """The first folder with a usable checkpoint for `method`, or None (missing, or stale: trained
+    for another target, th being this target's hash)."""
     for d in folders:
         path = os.path.join(d, CKPT[method])
         if not os.path.exists(path):
@@ -97,14 +97,9 @@ def usable(method, folders, th):
         if method == "draft":  # a small target: only the tokenizer must match (its loader checks)
             return d
         try:
-            ck = load_checkpoint(path)
-            if ck.get("finished") is False:  # a train_drafter.py run killed (or still going) mid-way
-                print(f"{method}: {path} is an unfinished run (step {ck['step']}), not using it; "
-                      f"train_drafter.py --resume {path} finishes it")
-            elif ck.get("target_hash") == th:
+            if load_checkpoint(path).get("target_hash") == th:
                 return d
-            else:
-                print(f"{method}: {path} was trained for another target, not using it")
+            print(f"{method}: {path} was trained for another target, not using it")
         except ValueError as e:
             print(f"{method}: {e}")
     return None

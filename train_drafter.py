@@ -21,9 +21,10 @@ or `dflash` (draft_diffusion.py).
    the same data and budget; batch size and peak rate per method (RECIPE below: what the
    reference weights used).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
-   for; loading it against another target is an error. It is written every --save-every steps
-   too, with the optimizer and random state, so --resume continues a killed run where it was
-   (a committed drafter ran 80-100 minutes of one core).
+   for; loading it against another target is an error. Until a run finishes, it keeps its
+   state (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps,
+   and --resume continues a killed run from there (a committed drafter ran 80-100 minutes of
+   one core).
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
@@ -163,35 +164,32 @@ def recipe_of(key):
     return ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
-# the flags that shape a run's steps: resuming under others would not continue the same run
-# (--minutes and --max-steps may change, to extend or cut a run)
+# the flags that shape a run (the model's included): resuming under others would not continue
+# the same run. --minutes and --max-steps may change: the cosine schedule then stretches to the
+# new budget from where the run is, which is not the run a longer budget would have made
 RUN_FLAGS = ("n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_temperatures", "seed", "batch_size", "lr",
-             "continuation_only")
+             "continuation_only", "mtp_depth", "ttt_steps", "dflash_layers", "dflash_features", "block_size",
+             "loss_decay", "anchors")
 
 
-def resume(path, args, model, opt, order, target_hash):
-    """Restore an interrupted run from its last checkpoint: weights, optimizer, step, clock and
-    every random stream (data order, DFlash's anchors), so that the rest of the run is the one it
-    would have been. Returns (step, epoch, data order, elapsed seconds)."""
+def run_path(out_dir, method):
+    """Where a run in progress keeps what --resume needs; the finished drafter is <method>.pt."""
+    return os.path.join(out_dir, f"{method}.run.pt")
+
+
+def load_run(path, args, target_hash):
+    """An interrupted run's state, checked before any work: same method, target and flags."""
     ck = load_checkpoint(path, kind=args.method)
-    if "optimizer" not in ck or "rng" not in ck:
-        raise ValueError(f"{path}: no optimizer or random state to resume from (an exported checkpoint?)")
+    if "optimizer" not in ck:
+        raise ValueError(f"{path}: not a run in progress (no optimizer state); --resume takes the "
+                         f"{os.path.basename(run_path('', args.method))} that a run leaves until it finishes")
     if ck["target_hash"] != target_hash:
         raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one ({target_hash})")
     diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
             for k in RUN_FLAGS if ck["args"].get(k) != getattr(args, k)]
-    if ck["config"] != model.config_dict():
-        diff.append(f"model {ck['config']} (given {model.config_dict()})")
     if diff:
         raise ValueError(f"{path} is another run; resume it with its own flags: " + ", ".join(diff))
-    model.load_state_dict(ck["state_dict"])
-    opt.load_state_dict(ck["optimizer"])
-    order.set_state(ck["rng"]["order"])
-    torch.set_rng_state(ck["rng"]["torch"])
-    if "cuda" in ck["rng"]:
-        torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
-    print(f"resuming {path} at step {ck['step']} ({ck['elapsed'] / 60:.1f} min in)")
-    return ck["step"], ck["epoch"], ck["rng"]["perm"], ck["elapsed"]
+    return ck
 
 
 def main(args):
@@ -210,6 +208,11 @@ def main(args):
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
+    run_file = run_path(args.out_dir, args.method)
+    resumed = load_run(args.resume, args, th) if args.resume else None
+    if not resumed and os.path.exists(run_file):
+        print(f"NOTE: {run_file} holds an unfinished run; this new run replaces it at its first save "
+              f"(--resume {run_file} would continue it instead)")
     train, val = get_distill_data(target, args, th)
     train, val = train.to(device), val.to(device)
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored as a label
@@ -222,22 +225,23 @@ def main(args):
     val_feats = cached_features(target, val, model.hidden_layers)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     budget, warm = args.minutes * 60, 0.04
-    g = torch.Generator().manual_seed(args.seed)  # the data order
+    order = torch.Generator().manual_seed(args.seed)  # the data order
     step, epoch, elapsed = 0, 0, 0.0
-    perm = torch.randperm(len(train), generator=g)
-    path = os.path.join(args.out_dir, f"{args.method}.pt")
-    if args.resume:
-        step, epoch, perm, elapsed = resume(args.resume, args, model, opt, g, th)
+    perm = torch.randperm(len(train), generator=order)
+    if resumed:  # weights, optimizer, step, clock and every random stream: the rest of the same run
+        model.load_state_dict(resumed["state_dict"])
+        opt.load_state_dict(resumed["optimizer"])
+        step, epoch, perm, elapsed = resumed["step"], resumed["epoch"], resumed["perm"], resumed["elapsed"]
+        order.set_state(resumed["rng"]["order"])
+        torch.set_rng_state(resumed["rng"]["torch"])  # DFlash's anchors
+        if device.type == "cuda" and "cuda" in resumed["rng"]:
+            torch.cuda.set_rng_state_all(resumed["rng"]["cuda"])
+        print(f"resuming {args.resume} at step {step} ({elapsed / 60:.1f} min in)")
     t0 = time.time() - elapsed
 
-    def save(finished, **extra):  # the drafter, plus what --resume needs to continue the run
-        rng = dict(order=g.get_state(), torch=torch.get_rng_state(), perm=perm)
-        if device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+    def save(path, **extra):
         save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
-                                   target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args),
-                                   optimizer=opt.state_dict(), rng=rng, step=step, epoch=epoch,
-                                   elapsed=time.time() - t0, finished=finished, **extra))
+                                   target_hash=th, tokenizer=data.tokenizer_hash(), args=vars(args), **extra))
     while True:
         frac = (time.time() - t0) / budget
         if args.max_steps:
@@ -250,7 +254,7 @@ def main(args):
             group["lr"] = lr
         if (step + 1) * args.batch_size > (epoch + 1) * len(train):  # new epoch: new order (and new anchors)
             epoch += 1
-            perm = torch.randperm(len(train), generator=g)
+            perm = torch.randperm(len(train), generator=order)
         j = (step * args.batch_size) % len(train)
         idx = perm[j:j + args.batch_size].to(device)
         loss, st = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
@@ -265,13 +269,20 @@ def main(args):
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
-        if args.save_every and step % args.save_every == 0:
-            save(finished=False)  # bench.py will not use it until the run is done
+        if args.save_every and step % args.save_every == 0:  # what --resume needs to continue the run
+            rng = dict(order=order.get_state(), torch=torch.get_rng_state())
+            if device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state_all()
+            save(run_file, optimizer=opt.state_dict(), rng=rng, perm=perm, step=step, epoch=epoch,
+                 elapsed=time.time() - t0)
     vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
-    save(finished=True, train_minutes=minutes, val_agreement=acc)
+    path = os.path.join(args.out_dir, f"{args.method}.pt")
+    save(path, train_minutes=minutes, val_agreement=acc)
+    if os.path.exists(run_file):
+        os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {path}")
     print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "
           f"--methods {args.method}")
@@ -300,10 +311,11 @@ def get_parser():
     g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {recipe_of('lr')}; for "
                    "dflash the paper's, which 2e-3 did not beat)")
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
-    g.add_argument("--save-every", type=int, default=500, help="steps between checkpoints of the run in progress, "
-                   "which --resume continues (0 = only at the end)")
-    g.add_argument("--resume", default=None, metavar="CKPT", help="continue an interrupted run from its checkpoint "
-                   "(out-dir/<method>.pt), with the same flags; --minutes and --max-steps may change")
+    g.add_argument("--save-every", type=int, default=500, help="steps between saves of the run in progress to "
+                   "out-dir/<method>.run.pt, removed when the run finishes (0 = never)")
+    g.add_argument("--resume", default=None, metavar="RUN", help="continue a killed run from its <method>.run.pt, "
+                   "with the same flags; exact with --max-steps on the same device and threads. --minutes and "
+                   "--max-steps may change (the schedule then stretches from where the run is)")
     g.add_argument("--continuation-only", action="store_true",
                    help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "
                         "anchors from the prompt's last token on). The committed dflash was trained with it; on the cpu "

@@ -65,46 +65,67 @@ class Interrupted(Exception):
     pass
 
 
+def killed_after(step):
+    """A save_checkpoint that dies right after writing the run's state at `step`, as a process
+    killed there would."""
+    real = train_drafter.save_checkpoint
+
+    def save(path, obj):
+        real(path, obj)
+        if obj.get("step") == step:  # (the distillation data is saved this way too)
+            raise Interrupted
+    return save
+
+
 @pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
 def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, method, monkeypatch):
-    """A 6-step run killed right after its checkpoint at step 3, then resumed, ends with the
-    weights of the same run left alone: optimizer, data order (an epoch is 2 steps here) and
-    DFlash's anchors all continue. Close, not equal: the first step's rate (~1e-8, in warm-up)
-    comes from the clock."""
+    """A 10-step run killed right after its save at step 5 (mid-epoch: an epoch is 4 steps of 2
+    sequences), then resumed, ends with the weights of the same run left alone: optimizer, data
+    order and DFlash's anchors all continue. Close, not equal: the first step's rate (~1e-8, in
+    warm-up) comes from the clock. The clock continues too: a run saved past --minutes ends at once."""
+    import bench
+
     def train(out, *extra):
-        run(target_dir, method, "--out-dir", str(tmp_path / out), "--max-steps", "6", "--save-every", "3", *extra)
+        run(target_dir, method, "--out-dir", str(tmp_path / out), "--max-steps", "10", "--batch-size", "2",
+            "--save-every", "5", *extra)
         return torch.load(tmp_path / out / f"{method}.pt", weights_only=True)
 
     whole = train("whole")
-    real = train_drafter.save_checkpoint
-
-    def killed_after_step_3(path, obj):
-        real(path, obj)
-        if obj.get("step") == 3:  # (the distillation data is saved this way too)
-            raise Interrupted
-    monkeypatch.setattr(train_drafter, "save_checkpoint", killed_after_step_3)
-    with pytest.raises(Interrupted):
+    assert not (tmp_path / "whole" / f"{method}.run.pt").exists()  # a finished run leaves only the drafter
+    with monkeypatch.context() as m, pytest.raises(Interrupted):
+        m.setattr(train_drafter, "save_checkpoint", killed_after(5))
         train("cut")
-    import bench
-    cut = str(tmp_path / "cut")
-    assert bench.usable(method, [cut], whole["target_hash"]) is None  # bench waits for the finished run
-    monkeypatch.setattr(train_drafter, "save_checkpoint", real)
-    resumed = train("cut", "--resume", str(tmp_path / "cut" / f"{method}.pt"))
-    assert bench.usable(method, [cut], whole["target_hash"]) == cut
-    assert resumed["step"] == whole["step"] == 6 and resumed["epoch"] == whole["epoch"]
+    state = tmp_path / "cut" / f"{method}.run.pt"
+    assert bench.usable(method, [str(tmp_path / "cut")], whole["target_hash"]) is None  # no drafter yet
+
+    late = torch.load(state, weights_only=True)
+    late["elapsed"] = 1e6
+    torch.save(late, tmp_path / "late.pt")
+    ended = train("late", "--resume", str(tmp_path / "late.pt"))
+    assert ended["train_minutes"] > 1e6 / 60
+    assert all(torch.equal(v, late["state_dict"][k]) for k, v in ended["state_dict"].items())  # no step taken
+
+    resumed = train("cut", "--resume", str(state))
+    assert not state.exists()
     for k, v in whole["state_dict"].items():
         assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
-    with pytest.raises(ValueError, match=r"another run.*--lr"):  # not the run it claims to continue
-        train("cut", "--resume", str(tmp_path / "cut" / f"{method}.pt"), "--lr", "1e-2")
 
 
-def test_resume_refuses_an_exported_checkpoint(target_dir, tmp_path):
-    from model import export_checkpoint
-    run(target_dir, "mtp", "--out-dir", str(tmp_path))
-    export_checkpoint(str(tmp_path / "mtp.pt"), str(tmp_path / "small.pt"))
-    assert not {"optimizer", "rng"} & set(torch.load(tmp_path / "small.pt", weights_only=True))  # weights/ keeps neither
-    with pytest.raises(ValueError, match="no optimizer"):
-        run(target_dir, "mtp", "--out-dir", str(tmp_path), "--resume", str(tmp_path / "small.pt"))
+def test_resume_refuses_another_run_before_any_work(target_dir, tmp_path, monkeypatch):
+    """Other flags, another target or method, or a finished drafter: refused before the
+    distillation data is built (minutes, at real sizes)."""
+    with monkeypatch.context() as m, pytest.raises(Interrupted):
+        m.setattr(train_drafter, "save_checkpoint", killed_after(2))
+        run(target_dir, "dflash", "--out-dir", str(tmp_path / "a"), "--save-every", "2")
+    state = str(tmp_path / "a" / "dflash.run.pt")
+    run(target_dir, "dflash", "--out-dir", str(tmp_path / "b"))
+    for extra, why in [(("--lr", "1e-2"), r"another run.*--lr"), (("--dflash-layers", "1"), "--dflash-layers"),
+                       (("--target", str(target_dir / "other.pt")), "trained for target"),
+                       (("--method", "eagle"), "'dflash' checkpoint"),
+                       (("--resume", str(tmp_path / "b" / "dflash.pt")), "not a run in progress")]:
+        with pytest.raises(ValueError, match=why):
+            run(target_dir, "dflash", "--out-dir", str(tmp_path / "c"), "--resume", state, *extra)
+    assert not (tmp_path / "c").exists()
 
 
 def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
