@@ -182,7 +182,7 @@ def load_run(path, args, target_hash):
     ck = load_checkpoint(path, kind=args.method)
     if "optimizer" not in ck:
         raise ValueError(f"{path}: not a run in progress (no optimizer state); --resume takes the "
-                         f"{os.path.basename(run_path('', args.method))} that a run leaves until it finishes")
+                         f"{args.method}.run.pt that a run keeps until it finishes")
     if ck["target_hash"] != target_hash:
         raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one ({target_hash})")
     diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
