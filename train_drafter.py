@@ -23,14 +23,13 @@ or `dflash` (draft_diffusion.py).
 3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
    for; loading it against another target is an error. Until a run finishes, it keeps its
    state (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps,
-   and --resume continues a killed run from there (a committed drafter ran 80-100 minutes of
-   one core).
+   and --resume continues a killed run from there.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
 ~340 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
-committed budget trains for longer than a laptop's lid stays open.
+committed budget trains for 80-100 minutes (three runs on two cores), longer than many sessions last.
 """
 
 import argparse
