@@ -29,7 +29,7 @@ or `dflash` (draft_diffusion.py).
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
 ~340 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
-committed budget trains for 80-100 minutes (three runs on two cores), longer than many sessions last.
+committed budget trains for 80-100 minutes (three runs on two cores): a killed one should not start over.
 """
 
 import argparse
