@@ -168,9 +168,11 @@ def find_or_train(args, methods, device, dtype):
         else:
             try:
                 import train_drafter
+                run = train_drafter.run_path(train_dir, what)  # an earlier plan was killed mid-run: continue it
+                resume = ["--resume", run] if os.path.exists(run) else []
                 train_drafter.main(train_drafter.get_parser().parse_args(
                     ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
-                     str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]))
+                     str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev, *resume]))
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))

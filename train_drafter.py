@@ -190,7 +190,8 @@ def load_run(path, args, target_hash):
     diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
             for k in RUN_FLAGS if ck["args"].get(k) != getattr(args, k)]
     if diff:
-        raise ValueError(f"{path} is another run; resume it with its own flags: " + ", ".join(diff))
+        raise ValueError(f"{path} is another run; resume it with its own flags, or delete it to start over: "
+                         + ", ".join(diff))
     return ck
 
 
