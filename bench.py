@@ -168,11 +168,17 @@ def find_or_train(args, methods, device, dtype):
         else:
             try:
                 import train_drafter
+                argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
+                        str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
                 run = train_drafter.run_path(train_dir, what)  # an earlier plan was killed mid-run: continue it
                 resume = ["--resume", run] if os.path.exists(run) else []
-                train_drafter.main(train_drafter.get_parser().parse_args(
-                    ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
-                     str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev, *resume]))
+                try:
+                    train_drafter.main(train_drafter.get_parser().parse_args(argv + resume))
+                except ValueError as e:  # not a run of this plan (another target, a torn file): start over
+                    if not resume:
+                        raise
+                    print(f"{what}: not resuming ({e}); training from scratch")
+                    train_drafter.main(train_drafter.get_parser().parse_args(argv))
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))

@@ -252,7 +252,7 @@ class DFlashDrafter:
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         # a block of K+1 slots, though training always fills 16: running all 16 and keeping K
-        # drafts accepts 2-3 % more but costs more than that on a CPU (docs/experiments.md)
+        # drafts accepts 2-5 % more but costs more than that on a CPU (docs/experiments.md)
         S = min(K + 1, self.block_size)
         B = tokens.shape[0]
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped

@@ -213,9 +213,11 @@ def main(args):
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     run_file = run_path(args.out_dir, args.method)
     resumed = load_run(args.resume, args, th) if args.resume else None
-    if not resumed and os.path.exists(run_file):
-        print(f"NOTE: {run_file} holds an unfinished run; this new run replaces it at its first save "
-              f"(--resume {run_file} would continue it instead)")
+    # the run file is this run's (to write, and to remove when done) if it saves one or resumed from it
+    owns_run = args.save_every > 0 or (resumed is not None and os.path.abspath(args.resume) == os.path.abspath(run_file))
+    if not resumed and os.path.exists(run_file) and owns_run:
+        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
+              f"would continue it instead; --save-every 0 leaves it alone)")
     train, val = get_distill_data(target, args, th)
     train, val = train.to(device), val.to(device)
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored as a label
@@ -284,7 +286,7 @@ def main(args):
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
     path = os.path.join(args.out_dir, f"{args.method}.pt")
     save(path, train_minutes=minutes, val_agreement=acc)
-    if os.path.exists(run_file):
+    if owns_run and os.path.exists(run_file):
         os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {path}")
     print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "

@@ -242,21 +242,29 @@ def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
 
 def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """bench trains a missing drafter with --resume when its killed run left a <method>.run.pt,
-    and from scratch otherwise."""
+    from scratch otherwise, and from scratch when that run file is not one it can continue."""
     import data
     import train_drafter
     ref, outw = tmp_path / "weights" / "tiny", tmp_path / "out" / "tiny" / "weights"
     save_tiny(ref / "target.pt", seed=0)
     monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
     monkeypatch.setattr(data, "prepare", lambda: None)
-    argvs = []
-    monkeypatch.setattr(train_drafter, "main", lambda a: argvs.append(a.resume))
+    argvs, refuse = [], False
+
+    def main(a):  # records what bench asked for; refuses to resume when told to, as load_run would
+        argvs.append(a.resume)
+        if a.resume and refuse:
+            raise ValueError("another target")
+    monkeypatch.setattr(train_drafter, "main", main)
     args = argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
     bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
     outw.mkdir(parents=True, exist_ok=True)
     (outw / "eagle.run.pt").write_bytes(b"")
     bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
     assert argvs == [None, str(outw / "eagle.run.pt")]
+    refuse = True  # a run file this plan cannot continue: train from scratch instead
+    _, _, found, skipped = bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
+    assert argvs[2:] == [str(outw / "eagle.run.pt"), None] and found == {"eagle": str(outw)} and not skipped
 
 
 def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):

@@ -78,7 +78,7 @@ def killed_after(step):
 
 
 @pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
-def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, method, monkeypatch):
+def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, method, monkeypatch, capsys):
     """A 10-step run killed right after its save at step 5 (mid-epoch: an epoch is 4 steps of 2
     sequences), then resumed, ends with the weights of the same run left alone: optimizer, data
     order and DFlash's anchors all continue. Close, not equal: the first step's rate (~1e-8, in
@@ -105,8 +105,9 @@ def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, metho
     assert ended["train_minutes"] > 1e6 / 60
     assert all(torch.equal(v, late["state_dict"][k]) for k, v in ended["state_dict"].items())  # no step taken
 
+    capsys.readouterr()
     resumed = train("cut", "--resume", str(state))
-    assert not state.exists()
+    assert f"resuming {state} at step 5" in capsys.readouterr().out and not state.exists()
     for k, v in whole["state_dict"].items():
         assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
 
@@ -126,6 +127,14 @@ def test_resume_refuses_another_run_before_any_work(target_dir, tmp_path, monkey
         with pytest.raises(ValueError, match=why):
             run(target_dir, "dflash", "--out-dir", str(tmp_path / "c"), "--resume", state, *extra)
     assert not (tmp_path / "c").exists()
+
+
+def test_a_new_run_replaces_an_unfinished_one_unless_it_saves_nothing(target_dir, tmp_path, capsys):
+    (tmp_path / "mtp.run.pt").write_bytes(b"someone's run")
+    run(target_dir, "mtp", "--out-dir", str(tmp_path), "--save-every", "0")
+    assert (tmp_path / "mtp.run.pt").exists() and "NOTE" not in capsys.readouterr().out
+    run(target_dir, "mtp", "--out-dir", str(tmp_path))  # 3 steps, no save of its own: still its file to remove
+    assert not (tmp_path / "mtp.run.pt").exists() and "which this new run replaces" in capsys.readouterr().out
 
 
 def test_distillation_data_is_built_once_then_reused(target_dir, capsys):
