@@ -170,8 +170,8 @@ def find_or_train(args, methods, device, dtype):
                 import train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
                         str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
-                run = train_drafter.run_path(train_dir, what)  # an earlier plan was killed mid-run: continue it
-                resume = ["--resume", run] if os.path.exists(run) else []
+                run_file = train_drafter.run_path(train_dir, what)  # an earlier plan was killed mid-run: continue it
+                resume = ["--resume", run_file] if os.path.exists(run_file) else []
                 try:
                     train_drafter.main(train_drafter.get_parser().parse_args(argv + resume))
                 except ValueError as e:  # not a run of this plan (another target, a torn file): start over
