@@ -327,10 +327,11 @@ def load_target(path, device="cpu", dtype=torch.float32):
 
 
 def export_checkpoint(src, dst, dtype=torch.bfloat16):
-    """Shrink a checkpoint for weights/: drop the optimizer state, store weights in bf16.
-    Loading casts them back to the compute dtype; weights_hash is unchanged by design."""
+    """Shrink a checkpoint for weights/: drop the optimizer and resume state, store weights in
+    bf16. Loading casts them back to the compute dtype; weights_hash is unchanged by design."""
     ckpt = load_checkpoint(src)
     ckpt.pop("optimizer", None)
+    ckpt.pop("batch_rng", None)
     for key in ("state_dict", "mtp_state_dict"):
         if ckpt.get(key):
             ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}

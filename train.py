@@ -151,7 +151,9 @@ def main(args):
           + (f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else "")
           + f", seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
 
-    gen = torch.Generator().manual_seed(args.seed + step)
+    gen = torch.Generator().manual_seed(args.seed + step)  # the training batches
+    if args.resume and "batch_rng" in ck:  # the batches the uninterrupted run would have drawn next
+        gen.set_state(ck["batch_rng"])
     val_gen = torch.Generator().manual_seed(1234)
     val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device) for _ in range(args.eval_batches)]
     budget = args.minutes * 60
@@ -162,8 +164,9 @@ def main(args):
     def save():
         save_checkpoint(out_path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
                                        mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                       optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
-                                       args=vars(args), step=step, elapsed=time.time() - t_start,
+                                       optimizer=opt.state_dict(), batch_rng=gen.get_state(),
+                                       tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
+                                       elapsed=time.time() - t_start,
                                        val_loss=val_loss, bpb=bpb))
     model.train()
     while True:
@@ -217,7 +220,8 @@ def get_parser():
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
-    g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock and schedule)")
+    g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock, schedule and "
+                   "batches: a killed run resumed from its last save ends as it would have)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")

@@ -188,10 +188,11 @@ def test_get_device_refuses_what_this_machine_cannot_run():
 def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
     from model import export_checkpoint
     save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict={"w": torch.ones(2)},
-                                                 optimizer={"state": {0: torch.ones(3)}}))
+                                                 optimizer={"state": {0: torch.ones(3)}},
+                                                 batch_rng=torch.Generator().get_state()))
     export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
     ck = load_checkpoint(str(tmp_path / "b.pt"))
-    assert "optimizer" not in ck and ck["state_dict"]["w"].dtype == torch.bfloat16
+    assert not {"optimizer", "batch_rng"} & set(ck) and ck["state_dict"]["w"].dtype == torch.bfloat16
 
 
 def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):

@@ -33,6 +33,33 @@ def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):
     assert load_checkpoint(str(out))["step"] == 210
 
 
+def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
+    """12 steps straight, or killed right after the save at step 6 and resumed: the same weights,
+    bit for bit (the warm-up is counted in steps, so no rate comes from the clock here)."""
+    data.prepare()
+    flags = ["--preset", "tiny", "--max-steps", "12", "--minutes", "30", "--seq-len", "32", "--batch-size", "4",
+             "--eval-every", "100", "--eval-batches", "1", "--warmup-steps", "4", "--save-every", "6",
+             "--quality-prompts", "0", "--threads", "1"]
+    train.main(train.get_parser().parse_args(flags + ["--out-path", str(tmp_path / "whole.pt")]))
+    real = train.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def killed_after_step_6(path, obj):
+        real(path, obj)
+        if obj["step"] == 6:
+            raise Killed
+    with monkeypatch.context() as m, pytest.raises(Killed):
+        m.setattr(train, "save_checkpoint", killed_after_step_6)
+        train.main(train.get_parser().parse_args(flags + ["--out-path", str(tmp_path / "cut.pt")]))
+    cut = str(tmp_path / "cut.pt")
+    train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", cut]))
+    whole, resumed = load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(cut)
+    assert resumed["step"] == 12
+    assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
+
+
 def test_checkpoint_of_another_tokenizer_is_refused(tmp_path):
     save_tiny(tmp_path / "t.pt", tokenizer="0123456789ab")
     with pytest.raises(ValueError, match="tokenizer"):
