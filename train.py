@@ -221,7 +221,7 @@ def get_parser():
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
     g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock, schedule and "
-                   "batches: a killed run resumed from its last save ends as it would have)")
+                   "batch stream; with --max-steps on a CPU a killed run ends bit for bit as it would have)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
