@@ -170,7 +170,8 @@ def find_or_train(args, methods, device, dtype):
                 import train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
                         str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
-                run_file = train_drafter.run_path(train_dir, what)  # an earlier plan was killed mid-run: continue it
+                # an earlier plan was killed mid-run: continue it
+                run_file = train_drafter.run_path(train_dir, what)
                 resume = ["--resume", run_file] if os.path.exists(run_file) else []
                 try:
                     train_drafter.main(train_drafter.get_parser().parse_args(argv + resume))

@@ -214,7 +214,8 @@ def main(args):
     run_file = run_path(args.out_dir, args.method)
     resumed = load_run(args.resume, args, th) if args.resume else None
     # the run file is this run's (to write, and to remove when done) if it saves one or resumed from it
-    owns_run = args.save_every > 0 or (resumed is not None and os.path.abspath(args.resume) == os.path.abspath(run_file))
+    resumed_here = resumed is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
+    owns_run = args.save_every > 0 or resumed_here
     if not resumed and os.path.exists(run_file) and owns_run:
         print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
               f"would continue it instead; --save-every 0 leaves it alone)")
