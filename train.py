@@ -11,6 +11,11 @@ At the end it prints a quality report: greedy continuations of held-out prompts 
 often they repeat their own 8-grams, against the real code. A target that loops makes every
 drafter look brilliant, so this number decides whether a benchmark on it means anything.
 
+Until it finishes, a run saves every --save-every steps to <out>.run.pt (out/cpu/target.run.pt),
+never to the checkpoint itself, so a killed run cannot pass for a finished target; --resume
+<out>.run.pt continues it. The finished checkpoint keeps its optimizer, so --resume can also
+extend it with a larger --max-steps.
+
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
     python train.py --preset tiny --minutes 1   # smoke test
@@ -109,6 +114,12 @@ def eta_s(budget, elapsed, step, max_steps):
     return min(left, (max_steps - step) * elapsed / step) if max_steps else left
 
 
+def run_path(out_path):
+    """Where a run in progress saves. out_path is written only when the run finishes, so a killed
+    run never leaves a half-trained target where bench.py would take it for a finished one."""
+    return os.path.splitext(out_path)[0] + ".run.pt"
+
+
 def main(args):
     check_args(args, ["batch_size", "eval_every", "eval_batches"])
     torch.manual_seed(args.seed)
@@ -119,6 +130,11 @@ def main(args):
     enc = data.get_encoding()
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
     out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+    run_file = run_path(out_path)
+    owns_run = args.save_every > 0 or os.path.abspath(args.resume or "") == os.path.abspath(run_file)
+    if not args.resume and owns_run and os.path.exists(run_file):
+        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
+              f"continues it instead)")
 
     if args.resume:
         ck = load_checkpoint(args.resume, kind="target")
@@ -161,8 +177,8 @@ def main(args):
     t_start, tokens_seen, val_loss, bpb = time.time() - elapsed, 0, float("nan"), float("nan")
     t_log = time.time()
 
-    def save():
-        save_checkpoint(out_path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
+    def save(path):
+        save_checkpoint(path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
                                        mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
                                        optimizer=opt.state_dict(), batch_rng=gen.get_state(),
                                        tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
@@ -199,11 +215,13 @@ def main(args):
                   f"lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
             tokens_seen, t_log = 0, time.time()
         if args.save_every and step % args.save_every == 0:
-            save()
+            save(run_file)
     val_loss, bpb = evaluate(model, val_batches, enc)
     print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {loss.item():.3f} | "
           f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
-    save()
+    save(out_path)  # with the optimizer: --resume can extend a finished run too
+    if owns_run and os.path.exists(run_file):
+        os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {out_path}")
     if args.quality_prompts:
         model.eval()
@@ -220,8 +238,10 @@ def get_parser():
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
-    g.add_argument("--resume", default=None, help="checkpoint to resume from (continues its clock, schedule and "
-                   "batch stream; with --max-steps on a CPU a killed run ends bit for bit as it would have)")
+    g.add_argument("--resume", default=None, help="checkpoint to continue: a killed run's <out>.run.pt (saved every "
+                   "--save-every steps), or a finished one to extend with a larger --max-steps or --minutes; it "
+                   "continues the clock, schedule and batch stream, so with --max-steps on a CPU a killed run ends bit "
+                   "for bit as it would have")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
@@ -241,7 +261,8 @@ def get_parser():
     g = p.add_argument_group("logging and evaluation")
     g.add_argument("--eval-every", type=int, default=50, help="steps between validation evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches per evaluation")
-    g.add_argument("--save-every", type=int, default=500, help="steps between checkpoints (0 = only at the end)")
+    g.add_argument("--save-every", type=int, default=500, help="steps between saves of the run in "
+                   "progress to <out>.run.pt (0 = none; the finished checkpoint is written at the end)")
     g.add_argument("--quality-prompts", type=int, default=32, help="held-out prompts for the quality report (0 = skip)")
     g.add_argument("--quality-tokens", type=int, default=128, help="tokens per continuation in the quality report")
     return p

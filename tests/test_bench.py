@@ -267,6 +267,32 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
     assert argvs[2:] == [str(outw / "eagle.run.pt"), None] and found == {"eagle": str(outw)} and not skipped
 
 
+def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
+    """--retrain trains the target with --resume when a killed run left target.run.pt, and from
+    scratch when that file is not a run it can continue."""
+    import data
+    import train
+    out = tmp_path / "out" / "tiny"
+    monkeypatch.setattr(data, "prepare", lambda: None)
+    resumed, refuse = [], False
+
+    def main(a):  # records what bench asked for and leaves a finished target where it asked
+        resumed.append(a.resume)
+        if a.resume and refuse:
+            raise ValueError("torn file")
+        save_tiny(a.out_path, seed=0)
+    monkeypatch.setattr(train, "main", main)
+    args = argparse.Namespace(weights=None, target=None, retrain=True, preset="tiny", out=str(tmp_path / "out"))
+    out.mkdir(parents=True)
+    (out / "target.run.pt").write_bytes(b"")
+    bench.find_or_train(args, ["ar"], torch.device("cpu"), torch.float32)
+    assert resumed == [str(out / "target.run.pt")]
+    (out / "target.pt").unlink()
+    refuse = True
+    target, path, _, _ = bench.find_or_train(args, ["ar"], torch.device("cpu"), torch.float32)
+    assert resumed[1:] == [str(out / "target.run.pt"), None] and path == str(out / "target.pt") and target
+
+
 def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
     from draft_eagle import Eagle
     from model import load_target, save_checkpoint, weights_hash

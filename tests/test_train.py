@@ -53,10 +53,12 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
     with monkeypatch.context() as m, pytest.raises(Killed):
         m.setattr(train, "save_checkpoint", killed_after_step_6)
         train.main(train.get_parser().parse_args(flags + ["--out-path", str(tmp_path / "cut.pt")]))
-    cut = str(tmp_path / "cut.pt")
-    train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", cut]))
+    cut, run_file = str(tmp_path / "cut.pt"), str(tmp_path / "cut.run.pt")
+    # the killed run left its state in the run file, and no half-trained cut.pt for bench.py to take
+    assert load_checkpoint(run_file)["step"] == 6 and not os.path.exists(cut)
+    train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file]))
     whole, resumed = load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(cut)
-    assert resumed["step"] == 12
+    assert resumed["step"] == 12 and not os.path.exists(run_file)  # finished: nothing left to resume
     assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
 
 
