@@ -69,13 +69,18 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     return torch.tensor(out)
 
 
+def temperature_list(text):
+    """--distill-temperatures in one spelling ("0.0,1" -> "0,1"), so that --resume compares values."""
+    try:
+        return ",".join(f"{float(t):g}" for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a comma list of numbers, got {text!r}") from None
+
+
 def get_distill_data(target, args, target_hash):
     """The cached data when every setting that shapes it matches (all are in the file name),
     else built and saved."""
-    try:
-        temps = [float(t) for t in args.distill_temperatures.split(",")]
-    except ValueError:
-        raise ValueError(f"--distill-temperatures must be a comma list, got {args.distill_temperatures!r}") from None
+    temps = [float(t) for t in args.distill_temperatures.split(",")]
     name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+{args.gen_len}"
             f"_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
     path = os.path.join(args.out_dir, name)
@@ -309,7 +314,7 @@ def get_parser():
     g.add_argument("--n-val-seqs", type=int, default=64, help="held-out sequences (from the val split)")
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens the target generates per prompt")
-    g.add_argument("--distill-temperatures", default="0,1", help="temperatures of the continuations, cycled per batch")
+    g.add_argument("--distill-temperatures", default="0,1", type=temperature_list, help="temperatures of the continuations, cycled per batch")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")
