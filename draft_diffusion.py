@@ -63,7 +63,7 @@ class DFlash(nn.Module):
 
     def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, gamma=None, mask_id=None):
         super().__init__()
-        self.cfg, self.block_size, self.anchors = cfg, block_size, anchors
+        self.cfg, self.block_size, self.n_anchors = cfg, block_size, anchors  # anchors per sequence
         self.gamma = gamma or GAMMA.get(block_size, 7.0)  # loss decay along the block
         self.n_layer, self.n_features = n_layer, n_features
         self.hidden_layers = feature_layers(cfg.n_layer, n_features)
@@ -79,7 +79,7 @@ class DFlash(nn.Module):
 
     def config_dict(self):
         return dict(n_layer=self.n_layer, n_features=self.n_features, block_size=self.block_size,
-                    anchors=self.anchors, gamma=self.gamma, mask_id=self.mask_id)
+                    anchors=self.n_anchors, gamma=self.gamma, mask_id=self.mask_id)
 
     def context(self, feats):
         """Target features (B, T, n*C) -> context features c (B, T, C)."""
@@ -151,7 +151,7 @@ class DFlash(nn.Module):
 
     def loss(self, target, tokens, feats, anchors=None, label_from=0):
         """Weighted block loss and per-slot top-1 agreement counts. Anchors are sampled afresh
-        on every call (self.anchors of them per sequence, so each epoch sees new ones) unless
+        on every call (self.n_anchors of them per sequence, so each epoch sees new ones) unless
         given as positions (B, A). Tokens before label_from (the corpus prompt) are context
         only: anchors start at label_from - 1, the prompt's last token, which is where the
         first block of a generation is anchored."""
@@ -161,7 +161,7 @@ class DFlash(nn.Module):
         if lo > T - 2:
             raise ValueError(f"sequences of {T} tokens leave no anchor with labels from position {label_from}")
         if anchors is None:
-            anchors = torch.stack([torch.randperm(T - 1 - lo, device=dev)[:self.anchors] + lo for _ in range(B)])
+            anchors = torch.stack([torch.randperm(T - 1 - lo, device=dev)[:self.n_anchors] + lo for _ in range(B)])
         A = anchors.shape[1]                                                # (B, A)
         logits, pos = self.train_logits(target, tokens, feats, anchors)
         slot = torch.arange(S, device=dev)

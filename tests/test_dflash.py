@@ -199,7 +199,7 @@ def test_short_training_run_learns():
 def test_sampled_anchors_leave_a_label_and_a_context_position():
     """T = 4, two anchors: only a in {1, 2} has context and a label, so labels = 2 + 1 every time."""
     target, df = setup(block_size=4)
-    df.anchors = 2
+    df.n_anchors = 2
     tokens = torch.randint(0, 97, (1, 4), generator=torch.Generator().manual_seed(0))
     feats = feats_of(target, df, tokens)
     torch.manual_seed(0)
