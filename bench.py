@@ -110,7 +110,7 @@ def train_resuming(trainer, what, run_file, argv):
     resume = ["--resume", run_file] if os.path.exists(run_file) else []
     try:
         trainer.main(trainer.get_parser().parse_args(argv + resume))
-    except ValueError as e:  # not a run of this plan (another target, a torn file): start over
+    except ValueError as e:  # not a run of this plan (other flags or target, a torn file): start over
         if not resume:
             raise
         print(f"{what}: not resuming ({e}); training from scratch")
@@ -167,22 +167,24 @@ def find_or_train(args, methods, device, dtype):
             data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":
             import train
-            train_resuming(train, what, train.run_path(target_path), ["--preset", args.preset, "--out-path",
-                           target_path, "--minutes", str(MINUTES["target"]), "--quality-prompts", "8", *dev])
+            argv = ["--preset", args.preset, "--out-path", target_path, "--minutes", str(MINUTES["target"]),
+                    "--quality-prompts", "8", *dev]
+            train_resuming(train, what, train.run_path(target_path), argv)
             target = load_target(target_path, device=device, dtype=dtype)
         elif what == "draft":
             import train
             preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
             draft_path = os.path.join(train_dir, "draft.pt")
-            train_resuming(train, what, train.run_path(draft_path), ["--preset", preset, "--out-path", draft_path,
-                           "--minutes", str(MINUTES["draft"]), "--quality-prompts", "0", *dev])
+            argv = ["--preset", preset, "--out-path", draft_path, "--minutes", str(MINUTES["draft"]),
+                    "--quality-prompts", "0", *dev]
+            train_resuming(train, what, train.run_path(draft_path), argv)
             found["draft"] = train_dir
         else:
             try:
                 import train_drafter
-                train_resuming(train_drafter, what, train_drafter.run_path(train_dir, what),
-                               ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
-                                str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev])
+                argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
+                        str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
+                train_resuming(train_drafter, what, train_drafter.run_path(train_dir, what), argv)
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))

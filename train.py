@@ -114,6 +114,11 @@ def eta_s(budget, elapsed, step, max_steps):
     return min(left, (max_steps - step) * elapsed / step) if max_steps else left
 
 
+# the flags that shape a run: resuming under others would not continue the same run
+RUN_FLAGS = ("preset", "seed", "batch_size", "seq_len", "lr", "min_lr_frac", "warmup_steps", "weight_decay",
+             "grad_clip", "mtp_depth", "mtp_lambda")
+
+
 def run_path(out_path):
     """Where a run in progress saves. out_path is written only when the run finishes, so a killed
     run never leaves a half-trained target where bench.py would take it for a finished one."""
@@ -122,6 +127,8 @@ def run_path(out_path):
 
 def main(args):
     check_args(args, ["batch_size", "eval_every", "eval_batches"])
+    if args.save_every < 0:
+        raise ValueError(f"--save-every must be >= 0, got {args.save_every}")
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,13 +138,18 @@ def main(args):
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
     out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
     run_file = run_path(out_path)
-    owns_run = args.save_every > 0 or os.path.abspath(args.resume or "") == os.path.abspath(run_file)
+    resumed_here = args.resume is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
+    owns_run = args.save_every > 0 or resumed_here  # the run file is this run's if it saves one or resumed from it
     if not args.resume and owns_run and os.path.exists(run_file):
         print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
-              f"continues it instead)")
+              f"continues it instead; --save-every 0 leaves it alone)")
 
     if args.resume:
         ck = load_checkpoint(args.resume, kind="target")
+        diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
+                for k in RUN_FLAGS if ck.get("args") and ck["args"].get(k) != getattr(args, k)]
+        if diff:
+            raise ValueError(f"{args.resume} is another run; resume it with its own flags: " + ", ".join(diff))
         cfg = Config(**ck["config"])
         print(f"resuming from {args.resume} at step {ck['step']}")
     else:
@@ -179,11 +191,11 @@ def main(args):
 
     def save(path):
         save_checkpoint(path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
-                                       mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                       optimizer=opt.state_dict(), batch_rng=gen.get_state(),
-                                       tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
-                                       elapsed=time.time() - t_start,
-                                       val_loss=val_loss, bpb=bpb))
+                                   mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
+                                   optimizer=opt.state_dict(), batch_rng=gen.get_state(),
+                                   tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
+                                   elapsed=time.time() - t_start, val_loss=val_loss, bpb=bpb))
+    loss = torch.tensor(float("nan"))  # a resumed run with no step left still ends, saves and reports
     model.train()
     while True:
         elapsed = time.time() - t_start
@@ -238,10 +250,11 @@ def get_parser():
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
-    g.add_argument("--resume", default=None, help="checkpoint to continue: a killed run's <out>.run.pt (saved every "
-                   "--save-every steps), or a finished one to extend with a larger --max-steps or --minutes; it "
-                   "continues the clock, schedule and batch stream, so with --max-steps on a CPU a killed run ends bit "
-                   "for bit as it would have")
+    g.add_argument("--resume", default=None, help="checkpoint to continue, with the flags it was started with: a "
+                   "killed run's <out>.run.pt (saved every --save-every steps), or a finished one to extend with a "
+                   "larger --max-steps or --minutes (the schedule then stretches from where the run is, which is not "
+                   "the run the larger budget would have made); it continues the clock, schedule and batch stream, "
+                   "so with --max-steps on a CPU a killed run ends bit for bit as it would have")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")

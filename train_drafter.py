@@ -72,7 +72,7 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
 def temperature_list(text):
     """--distill-temperatures in one spelling ("0.0,1" -> "0,1"), so that --resume compares values."""
     try:
-        return ",".join(f"{float(t):g}" for t in text.split(","))
+        return ",".join(f"{float(t):.15g}" for t in text.split(","))  # 15 digits: no value changes
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a comma list of numbers, got {text!r}") from None
 
@@ -314,7 +314,8 @@ def get_parser():
     g.add_argument("--n-val-seqs", type=int, default=64, help="held-out sequences (from the val split)")
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens the target generates per prompt")
-    g.add_argument("--distill-temperatures", default="0,1", type=temperature_list, help="temperatures of the continuations, cycled per batch")
+    g.add_argument("--distill-temperatures", default="0,1", type=temperature_list,
+                   help="temperatures of the continuations, cycled per batch")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")

@@ -61,6 +61,20 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
     assert resumed["step"] == 12 and not os.path.exists(run_file)  # finished: nothing left to resume
     assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
 
+    # killed after its last save (step 12, to the run file) but before the final one: the resumed
+    # run has no step left and still ends, writes the checkpoint and removes the run file
+    os.remove(cut)
+    with monkeypatch.context() as m, pytest.raises(Killed):
+        m.setattr(train, "save_checkpoint", lambda path, obj: (_ for _ in ()).throw(Killed) if path == cut
+                  else real(path, obj))
+        train.main(train.get_parser().parse_args(flags + ["--out-path", cut]))
+    with pytest.raises(ValueError, match=r"another run.*--lr 0.002 \(given 0.01\)"):  # not this run's flags
+        train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file, "--lr", "1e-2"]))
+    train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file]))
+    again = load_checkpoint(cut)
+    assert again["step"] == 12 and not os.path.exists(run_file)
+    assert all(torch.equal(again["state_dict"][k], v) for k, v in whole["state_dict"].items())
+
 
 def test_checkpoint_of_another_tokenizer_is_refused(tmp_path):
     save_tiny(tmp_path / "t.pt", tokenizer="0123456789ab")

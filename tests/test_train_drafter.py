@@ -224,6 +224,7 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
     assert len(list(tmp_path.glob("distill_*.pt"))) == 4
     parse = lambda t: train_drafter.get_parser().parse_args(["--method", "eagle", "--distill-temperatures", t])
     assert parse("0.0,1").distill_temperatures == "0,1"  # one spelling: --resume compares the values
+    assert parse("0.3333333").distill_temperatures == "0.3333333"  # and the value kept whole
     with pytest.raises(SystemExit):
         parse("0,hot")
 
