@@ -158,8 +158,9 @@ def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_pa
 
 def test_predicted_speedup_and_lossless_arithmetic():
     """Made-up stats at batch 2 (row passes != verify passes): E = 1 + 1 + 0.5 tokens per pass,
-    t_ar = 4 s / 4 passes, one pass of the method = (1 s + 1 s) / 2 passes -> 2.5x."""
-    st = dict(alpha=[1.0, 0.5], draft_s=1.0, verify_s=1.0, verify_passes=2, row_passes=4)
+    t_ar = 4 s / 4 passes, one pass of the method = (1 s + 1 s) / 2 passes -> 2.5x. The method's
+    row passes (3: a finished row rode along once) must not enter: costs are per verify pass."""
+    st = dict(alpha=[1.0, 0.5], draft_s=1.0, verify_s=1.0, verify_passes=2, row_passes=3)
     ar = dict(wall_s=4.0, verify_passes=4, row_passes=8)
     assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
     assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token

@@ -30,9 +30,10 @@ has_gpu = torch.cuda.is_available()
 
 @pytest.fixture(scope="module")
 def ext():
+    if shutil.which("ninja") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no ninja or C++ compiler to build the extension")
     e = cuda.load()
-    if e is None:
-        pytest.skip(f"the extension did not build here: {cuda.build_error()}")
+    assert e is not None, f"the extension did not build, with ninja and a compiler present: {cuda.build_error()}"
     return e
 
 
@@ -129,12 +130,16 @@ def test_accept_scan_host(ext, shape, mode):
         assert n.dtype == nxt.dtype == torch.int64
 
 
-def test_accept_scan_host_covers_cases(ext):
+def test_accept_scan_host_covers_cases():
     """The inputs really exercise partial acceptance, full acceptance and the zero-residual row."""
     ns = torch.cat([cuda.accept_scan_ref(*make_accept_case(7, 15, 97, m, seed=s))[0] for m in MODES for s in range(4)])
     assert (ns == 0).any() and ((ns > 0) & (ns < 15)).any()
     ns = torch.cat([cuda.accept_scan_ref(*make_accept_case(7, 1, 97, m, seed=s))[0] for m in MODES for s in range(4)])
     assert (ns == 1).any()  # all K accepted: the bonus token
+    p, drafts, q, u = make_accept_case(7, 15, 97, "sample_q")
+    n = cuda.accept_scan_ref(p, drafts, q, u)[0]
+    zero_residual = [b for b in range(7) if n[b] < 15 and (p[b, n[b]] - q[b, n[b]]).clamp(min=0).sum() == 0]
+    assert zero_residual == [0]  # the row built for the fallback to p
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -158,13 +163,23 @@ def test_env_zero_forces_reference(monkeypatch):
 
 
 def test_cpu_default_uses_reference_without_building(monkeypatch):
+    """Both ops, CPU tensors, no DFLASH_CUDA_EXT: the references run and nothing is built."""
     monkeypatch.delenv(cuda.ENV, raising=False)
-    monkeypatch.setattr(cuda, "load", lambda *a, **k: pytest.fail("CPU tensors must not trigger a build"))
+    for name in ("load", "load_emu"):
+        monkeypatch.setattr(cuda, name, lambda *a, **k: pytest.fail("CPU tensors must not trigger a build"))
+    calls = []
+    for name in ("kv_inject_ref", "accept_scan_ref"):  # count the calls that reach each reference
+        ref = getattr(cuda, name)
+        monkeypatch.setattr(cuda, name, lambda *a, _ref=ref, _name=name: calls.append(_name) or _ref(*a))
     args = make_kv_case(2, 3, 1, 16, 20, 4)
     ref_k = args[0].clone()
     cuda.kv_inject_ref(ref_k, args[1].clone(), *args[2:])
+    calls.clear()
     cuda.kv_inject(*args)
     assert mismatches(args[0], ref_k)[0] == 0
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    cuda.accept_scan(p, drafts, q, u)
+    assert calls == ["kv_inject_ref", "accept_scan_ref"]
 
 
 def test_env_host_uses_extension(ext, monkeypatch):

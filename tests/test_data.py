@@ -19,9 +19,11 @@ def enc():
 def test_corpus_split():
     files = data.corpus_files()
     train, val = [k for k, _ in files["train"]], [k for k, _ in files["val"]]
-    for root in ("stdlib", "torch", "numpy"):  # sorted by path within each root
-        keys = [k for k, _ in sorted(files["train"] + files["val"]) if k.startswith(root + "/")]
-        assert keys and [k for k in train + val if k.startswith(root + "/")] != [] and keys == sorted(keys)
+    for root in ("stdlib", "torch", "numpy"):  # each split lists a root's files sorted by path
+        assert [k for k in train + val if k.startswith(root + "/")]
+        for keys in (train, val):
+            ks = [k for k in keys if k.startswith(root + "/")]
+            assert ks == sorted(ks), root
     assert not set(train) & set(val)
     assert 0.01 < len(val) / (len(train) + len(val)) < 0.04
     for key in train + val:

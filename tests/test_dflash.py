@@ -33,9 +33,12 @@ def feats_of(target, df, tokens):
 
 
 def test_feature_layers_spread():
-    assert feature_layers(6, 5) == (1, 2, 4, 5, 6) or len(feature_layers(6, 5)) == 5
-    assert feature_layers(2, 5) == (1, 2)
-    assert feature_layers(36, 5)[0] == 1 and feature_layers(36, 5)[-1] == 36
+    """Layer i of n is round(1 + i (n_layer - 1) / (n - 1)), rounded to the nearest (not down)."""
+    assert feature_layers(6, 5) == (1, 2, 4, 5, 6)       # 1, 2.25, 3.5, 4.75, 6
+    assert feature_layers(36, 5) == (1, 10, 18, 27, 36)  # 1, 9.75, 18.5 (ties to even), 27.25, 36
+    assert feature_layers(6, 2) == (1, 6)
+    assert feature_layers(6, 1) == (6,)                  # a single feature is the last block's
+    assert feature_layers(2, 5) == (1, 2)                # no more features than layers
 
 
 @torch.no_grad()
@@ -149,11 +152,32 @@ def test_greedy_dflash_equals_plain_decoding(S, B):
 
 @torch.no_grad()
 def test_cached_context_equals_recompute_after_ragged_steps():
+    """After a ragged prefill and verify steps that commit a different number of tokens per row,
+    each row's cached context K/V equals a recompute from the target's features of its fed tokens."""
     target, df = setup(4)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4], [9, 8], [5, 5, 5, 5, 5]]
-    # a drafter that is exactly right sometimes: draft with the target itself to make rows ragged
     dr = DFlashDrafter(target, df, block_size=8)
+    propose, update, n_news = dr.propose, dr.update, []
+
+    # random weights never get a draft accepted, so the drafts are replaced: the target's own
+    # greedy continuation for m positions (accepted), then tokens it rejects, m different per
+    # row and per step; the drafter's own propose and update (the cache under test) still run
+    def ragged_propose(tokens, n, K, **kw):
+        drafts, q = propose(tokens, n, K, **kw)
+        for b in range(len(n)):
+            greedy = naive_generate(target, tokens[b, :n[b]].tolist(), drafts.shape[1])
+            m = (len(n_news) + 3 * b) % (drafts.shape[1] + 1)
+            drafts[b] = torch.tensor(greedy[:m] + [(t + 1) % 97 for t in greedy[m:]])
+        return drafts, q
+
+    def spy_update(tokens, n, feats, n_new):
+        n_news.append(n_new.tolist())
+        update(tokens, n, feats, n_new)
+    dr.propose, dr.update = ragged_propose, spy_update
     outs, _ = speculate.generate(target, prompts, dr, max_new_tokens=20, K=7)
+    assert outs == [naive_generate(target, p, 20) for p in prompts]
+    # n_news[0] is the prefill's (it calls update too); a verify step must be ragged as well
+    assert any(len({c for c in counts if c > 0}) > 1 for counts in n_news[1:]), n_news
     for b, (p, o) in enumerate(zip(prompts, outs)):
         seq = torch.tensor([p + o])
         n_fed = len(p) + len(o) - 1
@@ -206,6 +230,32 @@ def test_sampled_anchors_leave_a_label_and_a_context_position():
     with torch.no_grad():
         for _ in range(20):
             assert int(df.loss(target, tokens, feats)[1]["count"].sum()) == 3
+
+
+@torch.no_grad()
+def test_loss_samples_n_anchors_distinct_anchors_per_row():
+    """Sampled anchors: n_anchors of them per row, distinct within a row, in [lo, T - 2] with
+    lo = max(1, label_from - 1), and over many draws every position of that range comes up."""
+    target, df = setup(block_size=4)
+    T = 20
+    tokens = torch.randint(0, 97, (3, T), generator=torch.Generator().manual_seed(0))
+    feats = feats_of(target, df, tokens)
+    seen, train_logits = [], df.train_logits
+    def spy(target_, tok, f, anchors):  # record the anchors loss() sampled, then train as usual
+        seen.append(anchors)
+        return train_logits(target_, tok, f, anchors)
+    df.train_logits = spy
+    torch.manual_seed(0)
+    for n_anchors in (2, 3):
+        for label_from, lo in ((0, 1), (6, 5)):
+            df.n_anchors, seen[:] = n_anchors, []
+            for _ in range(20):
+                df.loss(target, tokens, feats, label_from=label_from)
+            for anchors in seen:
+                assert anchors.shape == (3, n_anchors)
+                for row in anchors.tolist():
+                    assert len(set(row)) == n_anchors and all(lo <= a <= T - 2 for a in row), row
+            assert set(torch.cat(seen).flatten().tolist()) == set(range(lo, T - 1))
 
 
 @torch.no_grad()

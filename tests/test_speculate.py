@@ -371,6 +371,23 @@ def test_first_rejected_samples_the_residual():
     assert n.tolist() == [0] and nxt.tolist() == [2]
 
 
+def test_the_residual_uses_the_rejected_position_after_an_accepted_draft():
+    """d_1 accepted, d_2 rejected: the emitted token comes from max(0, p_2 - q_2), with q_2
+    (not q_1) and, for argmax drafts, d_2 (not d_1) removed."""
+    M = 1000
+    u = torch.stack([torch.zeros(M), torch.full((M,), 0.99), (torch.arange(M) + 0.5) / M], 1)  # (M, 3)
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.1, 0.4, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    q = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.6, 0.3, 0.1, 0.0]]])  # q_1 != q_2
+    n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 2, dtype=torch.long), q.expand(M, -1, -1), u)
+    assert (n == 1).all()  # 0 * 0.1 < 0.5 accepts d_1; 0.99 * 0.6 < 0.1 rejects d_2
+    assert torch.bincount(nxt, minlength=4).tolist() == [0, 200, 800, 0]  # [0, .1, .4, 0] normalised
+    # argmax drafts d = (0, 1): p_2 = [.5, .2, .3, 0] loses d_2 = 1, so 1 is never emitted
+    p[0, 1] = torch.tensor([0.5, 0.2, 0.3, 0.0])
+    n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.tensor([[0, 1]]).expand(M, -1), None, u)
+    assert (n == 1).all()
+    assert torch.bincount(nxt, minlength=4).tolist() == [625, 0, 375, 0]
+
+
 def test_residual_excludes_the_rejected_argmax_draft():
     # q one-hot at d (argmax drafts, q=None) while p has mass elsewhere: on rejection the
     # residual is p with d removed, so d can never be emitted
@@ -432,7 +449,11 @@ def test_k_zero_is_plain_decoding():
     assert torch.bincount(nxt, minlength=4).tolist() == [200, 0, 500, 300]
 
 
-def test_accept_scan_dispatches_to_the_reference_on_cpu():
+def test_accept_scan_dispatches_to_the_reference_on_cpu(monkeypatch):
+    import cuda
+    monkeypatch.delenv(cuda.ENV, raising=False)
+    for name in ("load", "load_emu"):  # the CPU default builds nothing
+        monkeypatch.setattr(cuda, name, lambda *a, **k: pytest.fail("CPU tensors must not trigger a build"))
     g = torch.Generator().manual_seed(2)
     p = torch.softmax(torch.randn(3, 5, 11, generator=g), -1)
     q = torch.softmax(torch.randn(3, 4, 11, generator=g), -1)

@@ -134,11 +134,19 @@ def test_lr_schedule_endpoints():
 
 
 def test_bits_per_byte():
-    """Token ids < 256 are single bytes: bits per byte = nats per token / ln 2."""
+    """bits per byte = nats per token / ln 2 x tokens / bytes: token ids < 256 are single bytes,
+    merged tokens are several."""
     import math
+    enc = data.get_encoding()
+    model = tiny_model(vocab=enc.n_vocab)
     xy = torch.randint(32, 97, (2, 9), generator=torch.Generator().manual_seed(0))
-    loss, bpb = train.evaluate(tiny_model(), [xy], data.get_encoding())
+    loss, bpb = train.evaluate(model, [xy], enc)
     assert bpb == pytest.approx(loss / math.log(2))
+    xy = torch.randint(256, 4000, (2, 9), generator=torch.Generator().manual_seed(0))
+    n_bytes = sum(len(enc.decode_bytes(row)) for row in xy[:, 1:].tolist())
+    assert n_bytes > 2 * 8 * 2  # merged tokens: more than two bytes each on average
+    loss, bpb = train.evaluate(model, [xy], enc)
+    assert bpb == pytest.approx(loss / math.log(2) * 2 * 8 / n_bytes)
 
 
 def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
