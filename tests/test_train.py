@@ -76,6 +76,20 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
     assert all(torch.equal(again["state_dict"][k], v) for k, v in whole["state_dict"].items())
 
 
+def test_a_new_run_replaces_an_unfinished_one_unless_it_saves_nothing(tmp_path, capsys):
+    data.prepare()
+    out, run_file = tmp_path / "t.pt", tmp_path / "t.run.pt"
+    run_file.write_bytes(b"someone's run")
+    flags = ["--preset", "tiny", "--max-steps", "2", "--minutes", "30", "--seq-len", "16", "--batch-size", "2",
+             "--eval-every", "100", "--eval-batches", "1", "--quality-prompts", "0", "--threads", "1",
+             "--out-path", str(out)]
+    train.main(train.get_parser().parse_args(flags + ["--save-every", "0"]))
+    assert run_file.read_bytes() == b"someone's run" and "NOTE" not in capsys.readouterr().out
+    train.main(train.get_parser().parse_args(flags))  # 2 steps, no save of its own: still its file to remove
+    assert not run_file.exists() and "which this new run replaces" in capsys.readouterr().out
+    assert load_checkpoint(str(out))["step"] == 2
+
+
 def test_checkpoint_of_another_tokenizer_is_refused(tmp_path):
     save_tiny(tmp_path / "t.pt", tokenizer="0123456789ab")
     with pytest.raises(ValueError, match="tokenizer"):
