@@ -111,7 +111,7 @@ def train_resuming(trainer, what, run_file, argv):
     try:
         trainer.main(trainer.get_parser().parse_args(argv + resume))
     except ValueError as e:  # not a run of this plan (other flags or target, a torn file): start over
-        if not resume:
+        if not resume or not os.path.exists(run_file):  # not resuming, or it resumed and finished: a real error
             raise
         print(f"{what}: not resuming ({e}); training from scratch")
         trainer.main(trainer.get_parser().parse_args(argv))
