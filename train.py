@@ -125,6 +125,26 @@ def run_path(out_path):
     return os.path.splitext(out_path)[0] + ".run.pt"
 
 
+def check_run_flags(path, saved_args, args, flags):
+    """Refuse to resume the run saved in path under other values of the flags that shape it."""
+    diff = [f"--{k.replace('_', '-')} {saved_args.get(k)} (given {getattr(args, k)})"
+            for k in flags if saved_args.get(k) != getattr(args, k)]
+    if diff:
+        raise ValueError(f"{path} is another run; resume it with its own flags, or delete it to start over: "
+                         + ", ".join(diff))
+
+
+def claim_run_file(run_file, args):
+    """Whether run_file is this run's, to write and to remove when done: it is if the run saves
+    one or resumed from it. A fresh run about to replace an unfinished one says so."""
+    resumed_here = args.resume is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
+    owns_run = args.save_every > 0 or resumed_here
+    if not args.resume and owns_run and os.path.exists(run_file):
+        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
+              f"would continue it instead; --save-every 0 leaves it alone)")
+    return owns_run
+
+
 def main(args):
     check_args(args, ["batch_size", "eval_every", "eval_batches"])
     if args.save_every < 0:
@@ -138,18 +158,12 @@ def main(args):
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
     out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
     run_file = run_path(out_path)
-    resumed_here = args.resume is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
-    owns_run = args.save_every > 0 or resumed_here  # the run file is this run's if it saves one or resumed from it
-    if not args.resume and owns_run and os.path.exists(run_file):
-        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
-              f"continues it instead; --save-every 0 leaves it alone)")
+    owns_run = claim_run_file(run_file, args)
 
     if args.resume:
         ck = load_checkpoint(args.resume, kind="target")
-        diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
-                for k in RUN_FLAGS if ck.get("args") and ck["args"].get(k) != getattr(args, k)]
-        if diff:
-            raise ValueError(f"{args.resume} is another run; resume it with its own flags: " + ", ".join(diff))
+        if ck.get("args"):  # checkpoints written before the args were saved cannot be checked
+            check_run_flags(args.resume, ck["args"], args, RUN_FLAGS)
         cfg = Config(**ck["config"])
         print(f"resuming from {args.resume} at step {ck['step']}")
     else:

@@ -42,7 +42,7 @@ import torch
 
 import data
 from model import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
-from train import check_args, eta_s
+from train import check_args, check_run_flags, claim_run_file, eta_s
 
 
 # -----------------------------------------------------------------------------
@@ -192,11 +192,7 @@ def load_run(path, args, target_hash):
                          f"{args.method}.run.pt that a run keeps until it finishes")
     if ck["target_hash"] != target_hash:
         raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one ({target_hash})")
-    diff = [f"--{k.replace('_', '-')} {ck['args'].get(k)} (given {getattr(args, k)})"
-            for k in RUN_FLAGS if ck["args"].get(k) != getattr(args, k)]
-    if diff:
-        raise ValueError(f"{path} is another run; resume it with its own flags, or delete it to start over: "
-                         + ", ".join(diff))
+    check_run_flags(path, ck["args"], args, RUN_FLAGS)
     return ck
 
 
@@ -218,12 +214,7 @@ def main(args):
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     run_file = run_path(args.out_dir, args.method)
     resumed = load_run(args.resume, args, th) if args.resume else None
-    # the run file is this run's (to write, and to remove when done) if it saves one or resumed from it
-    resumed_here = resumed is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
-    owns_run = args.save_every > 0 or resumed_here
-    if not resumed and os.path.exists(run_file) and owns_run:
-        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
-              f"would continue it instead; --save-every 0 leaves it alone)")
+    owns_run = claim_run_file(run_file, args)
     train, val = get_distill_data(target, args, th)
     train, val = train.to(device), val.to(device)
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored as a label
