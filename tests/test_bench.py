@@ -267,8 +267,11 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
     _, _, found, skipped = bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
     assert argvs[2:] == [str(outw / "eagle.run.pt"), None] and found == {"eagle": str(outw)} and not skipped
     # an error after the resumed run finished (its run file gone) is an error, not a cue to start over
-    monkeypatch.setattr(train_drafter, "main", lambda a: argvs.append(a.resume) or os.remove(a.resume)
-                        or (_ for _ in ()).throw(ValueError("after the end")))
+    def finishes_then_fails(a):
+        argvs.append(a.resume)
+        os.remove(a.resume)
+        raise ValueError("after the end")
+    monkeypatch.setattr(train_drafter, "main", finishes_then_fails)
     _, _, found, skipped = bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
     assert argvs[4:] == [str(outw / "eagle.run.pt")] and not found and "after the end" in skipped[0][1]
 

@@ -64,9 +64,13 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
     # killed after its last save (step 12, to the run file) but before the final one: the resumed
     # run has no step left and still ends, writes the checkpoint and removes the run file
     os.remove(cut)
+
+    def killed_at_the_final_save(path, obj):
+        if path == cut:
+            raise Killed
+        real(path, obj)
     with monkeypatch.context() as m, pytest.raises(Killed):
-        m.setattr(train, "save_checkpoint", lambda path, obj: (_ for _ in ()).throw(Killed) if path == cut
-                  else real(path, obj))
+        m.setattr(train, "save_checkpoint", killed_at_the_final_save)
         train.main(train.get_parser().parse_args(flags + ["--out-path", cut]))
     with pytest.raises(ValueError, match=r"another run.*--lr 0.002 \(given 0.01\)"):  # not this run's flags
         train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file, "--lr", "1e-2"]))
