@@ -16,6 +16,9 @@ never to the checkpoint itself, so a killed run cannot pass for a finished targe
 <out>.run.pt continues it. The finished checkpoint keeps its optimizer, so --resume can also
 extend it with a larger --max-steps.
 
+About 300 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
+run (~40, whose flag check and run-file claim train_drafter.py shares) live here too.
+
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
     python train.py --preset tiny --minutes 1   # smoke test
