@@ -165,7 +165,7 @@ def main(args):
 
     if args.resume:
         ck = load_checkpoint(args.resume, kind="target")
-        if ck.get("args"):  # checkpoints written before the args were saved cannot be checked
+        if ck.get("args"):  # every checkpoint train.py writes has them; a hand-made one cannot be checked
             check_run_flags(args.resume, ck["args"], args, RUN_FLAGS)
         cfg = Config(**ck["config"])
         print(f"resuming from {args.resume} at step {ck['step']}")
