@@ -148,6 +148,26 @@ def failure(e):
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
+def cudart_flags(cuda_home):
+    """Linker flags that find libcudart. torch links with -L<CUDA_HOME>/lib64 -lcudart, and
+    guesses CUDA_HOME from `which nvcc`; where that nvcc is a wrapper script elsewhere (this
+    project's CPU machines have /usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc),
+    the guess has no libcudart and the link fails with 'cannot find -lcudart'. nvcc -dryrun
+    names the folder it really runs from (_HERE_), whose parent is the toolkit."""
+    def cudart_dir(root):
+        return next((Path(root, d) for d in ("lib64", "lib") if Path(root, d, "libcudart.so").exists()), None)
+    if cudart_dir(cuda_home):
+        return []
+    try:
+        r = subprocess.run([str(Path(cuda_home, "bin", "nvcc")), "-dryrun", "-E", "-x", "cu", os.devnull],
+                           capture_output=True, text=True, timeout=60)
+        here = re.search(r"^#\$ _HERE_=(.*)$", r.stdout + r.stderr, flags=re.M)
+    except (OSError, subprocess.TimeoutExpired):
+        here = None
+    lib = here and cudart_dir(Path(here.group(1).strip()).parent)
+    return [f"-L{lib}"] if lib else []  # else the link error says what is missing
+
+
 def _build(verbose=False):
     """Compile and import the extension; raises with a readable reason."""
     from torch.utils import cpp_extension
@@ -160,6 +180,7 @@ def _build(verbose=False):
     sources = [str(HERE / "ext.cpp")] + ([str(s) for s in CU_SOURCES] if with_cuda else [])
     return cpp_extension.load(name=name, sources=sources, extra_cflags=cflags,
                               extra_cuda_cflags=["-O3", "-DWITH_CUDA"],
+                              extra_ldflags=cudart_flags(cpp_extension.CUDA_HOME) if with_cuda else [],
                               build_directory=str(build_dir), verbose=verbose)
 
 

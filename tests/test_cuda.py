@@ -417,6 +417,26 @@ def test_cu_files_compile_with_nvcc(tmp_path):
         assert (tmp_path / name.replace(".cu", ".o")).stat().st_size > 0
 
 
+def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
+    """torch guesses the toolkit from `which nvcc`; a wrapper script there (as /usr/local/bin/nvcc
+    on this project's CPU machines) has no libcudart beside it, so the CUDA build would not link
+    without the -L that cudart_flags finds. Fake toolkits, no nvcc needed."""
+    def script(path, body):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+    real, wrap = tmp_path / "cuda-13.0", tmp_path / "local"
+    script(real / "bin" / "nvcc", f'echo "#$ _HERE_={real}/bin" >&2')  # what nvcc -dryrun prints
+    (real / "lib64").mkdir()
+    (real / "lib64" / "libcudart.so").touch()
+    script(wrap / "bin" / "nvcc", f'exec {real / "bin" / "nvcc"} "$@"')
+    assert cuda.cudart_flags(wrap) == [f"-L{real}/lib64"]
+    assert cuda.cudart_flags(real) == []                     # torch's own -L already finds it
+    assert cuda.cudart_flags(tmp_path / "missing") == []      # no nvcc: the link error will say so
+    script(wrap / "bin" / "nvcc", "exit 1")                   # an nvcc that names no folder
+    assert cuda.cudart_flags(wrap) == []
+
+
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", KV_SHAPES + [(5, 8, 8, 128, 300, 16)])
