@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import Block, RMSNorm, apply_rope, logits_to_probs, weights_hash, load_checkpoint
+from model import Block, RMSNorm, apply_rope, draw, logits_to_probs, weights_hash, load_checkpoint
 
 # loss decay per block size (paper); train_drafter's recipe passes 4 at every block size (for
 # B = 16 it beat 7)
@@ -254,12 +254,10 @@ class DFlashDrafter:
         # a block of K+1 slots, though training always fills 16: running all 16 and keeping K
         # drafts accepts 2-5 % more but costs more than that on a CPU (docs/experiments.md)
         S = min(K + 1, self.block_size)
-        B = tokens.shape[0]
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
         if temperature > 0 and self.sample:  # independent draws from each slot's own q
             q = logits_to_probs(logits, temperature, top_k)                          # (B, S-1, V)
-            d = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(B, S - 1)
-            return d, q
+            return draw(q, generator), q
         return logits.argmax(-1), None
 
 

@@ -241,6 +241,19 @@ def logits_to_probs(logits, temperature=1.0, top_k=None):
     return torch.softmax(logits, dim=-1)
 
 
+def draw(probs, generator=None):
+    """One draw per row of probs (..., V) -> (...), by inverse CDF: the first token whose running
+    sum exceeds u * total, with u uniform and the product kept below the total, so a token of
+    zero probability (a flat step of the running sum) is never drawn. The same distribution as
+    torch.multinomial(probs, 1), which on a CPU is ~20x slower (~0.15 ms per 4,098-token row:
+    over a tenth of a DFlash pass at T = 1, which draws 15 rows)."""
+    cdf = probs.float().cumsum(-1)
+    total = cdf[..., -1:]
+    u = torch.rand(total.shape, generator=generator, device=probs.device)
+    x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up to total
+    return torch.searchsorted(cdf, x, right=True)[..., 0]
+
+
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generator=None):
     """The reference: recompute the whole sequence for every new token, no cache.
@@ -253,7 +266,7 @@ def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generat
             nxt = logits[:, -1].argmax(-1, keepdim=True)
         else:
             probs = logits_to_probs(logits[:, -1], temperature, top_k)
-            nxt = torch.multinomial(probs, 1, generator=generator)
+            nxt = draw(probs, generator)[:, None]
         ids = torch.cat([ids, nxt], dim=1)
     return ids[0, len(prompt):].tolist()
 

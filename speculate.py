@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from model import logits_to_probs
+from model import draw, logits_to_probs
 
 
 # -----------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
     q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as None)."""
     if temperature > 0 and sample:
         q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
-        return torch.multinomial(q, 1, generator=generator)[:, 0], q
+        return draw(q, generator), q
     return logits.argmax(-1), None
 
 
@@ -265,7 +265,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     def pick(logits):  # one token per row from (B, V) logits, as plain decoding would
         if not sampling:
             return logits.argmax(-1)
-        return torch.multinomial(logits_to_probs(logits, temperature, top_k), 1, generator=g)[:, 0]
+        return draw(logits_to_probs(logits, temperature, top_k), g)
 
     tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
     for b, pr in enumerate(prompts[:B]):

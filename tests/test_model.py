@@ -133,6 +133,25 @@ def test_temperature_and_top_k_warp():
     assert torch.allclose(p.gather(-1, top.indices), torch.softmax(top.values, -1), atol=1e-6)
 
 
+def test_draw_takes_each_token_at_its_probability_and_never_a_zero_one(monkeypatch):
+    """model.draw (inverse CDF) stands in for torch.multinomial everywhere decoding samples."""
+    from model import draw
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.5, 0.4, 0.0])  # zeros first, inside and last
+    N = 200_000
+    draws = draw(probs.expand(N, 6), torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=6).double() / N
+    assert freq[[0, 2, 5]].sum() == 0
+    assert (freq - probs).abs().max() < 0.006  # ~5 standard errors at p = 0.5
+    # batch dims pass through: (2, 3, V) -> (2, 3), one-hot rows give their token
+    rows = torch.tensor([[1, 4, 5], [0, 2, 3]])
+    assert draw(torch.eye(6)[rows]).tolist() == rows.tolist()
+    # the ends of u: 0 gives the first token with mass, and even u = 1 (which torch.rand never
+    # returns, but u * total may round up to total) gives the last one, not the zero after it
+    for u, token in ((0.0, 1), (1.0, 4)):
+        monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None: torch.full(shape, u))
+        assert draw(probs[None]).tolist() == [token]
+
+
 def test_checkpoint_errors(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint at all")
