@@ -190,7 +190,7 @@ class DFlashDrafter:
             raise ValueError(f"block size {bs} is outside what the drafter was trained for (2..{dflash.block_size})")
         self.target, self.dflash, self.block_size, self.sample = target, dflash, bs, sample
         self.hidden_layers = dflash.hidden_layers
-        self.default_K = bs - 1
+        self.default_K = self.max_K = bs - 1  # a block drafts its bs - 1 masked slots, no more
 
     def params(self):
         return sum(p.numel() for p in self.dflash.parameters())

@@ -299,8 +299,10 @@ def load_checkpoint(path, kind=None):
         raise FileNotFoundError(f"{path}: no such checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    except Exception as e:  # an empty file's error has no message at all
+        why = (str(e).strip().splitlines() or ["no message"])[0]
+        why = why if len(why) <= 120 else why[:117] + "..."
+        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {why})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
         raise ValueError(f"{path}: not a checkpoint of this project (no config/state_dict)")
     if kind is not None and ckpt.get("kind") != kind:

@@ -111,7 +111,7 @@ class MTPDrafter:
         self.n_draft = min(n_draft or mtp.depth, mtp.depth)
         self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
-        self.default_K = self.n_draft
+        self.default_K = self.max_K = self.n_draft  # one draft per module, no more
 
     def params(self):
         return self.mtp.n_params()

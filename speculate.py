@@ -238,7 +238,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     prompt in order."""
     if not prompts or any(len(pr) == 0 for pr in prompts):
         raise ValueError("empty prompt list or empty prompt")
-    if temperature < 0:
+    if not temperature >= 0:  # NaN too
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -427,10 +427,10 @@ if __name__ == "__main__":
     from data import WEIGHTS_DIR
     parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")
-    parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)}")
-    parser.add_argument("--prompt", default="def parse(", help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)} (default: %(default)s)")
+    parser.add_argument("--prompt", default="def parse(", help="text to continue (default: %(default)r)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -446,6 +446,8 @@ if __name__ == "__main__":
         target = load_target(args.ckpt, device=get_device(args.device))
         drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
+        if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules
+            raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")
         prompt = enc.encode_ordinary(args.prompt)
         t0 = time.perf_counter()
         outs, st = generate(target, [prompt], drafter, max_new_tokens=args.max_new_tokens, K=K,

@@ -298,7 +298,8 @@ def get_parser():
     p.add_argument("--out-dir", default=None, help="where the drafter and distill data go (default: beside the target; "
                    "out/<preset>/weights for the committed weights/<preset>/target.pt)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the distilled prompts and samples, the initial "
+                   "weights, the data order and the anchors (default %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("self-distillation data")
     g.add_argument("--n-seqs", type=int, default=1024, help="training sequences the target continues")

@@ -47,8 +47,9 @@ def expand_kv(q, k):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="device to probe (default: cuda if available, else cpu)")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default %(default)s)")
     p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median)")
     args = p.parse_args(argv)
     device, cfg = torch.device(args.device), PRESETS[args.preset]

@@ -128,6 +128,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
+    (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
 def test_a_bad_number_names_its_flag_before_any_work(flags, expect, capsys):
     with pytest.raises(SystemExit) as e:

@@ -157,6 +157,9 @@ def test_checkpoint_errors(tmp_path):
     bad.write_bytes(b"not a checkpoint at all")
     with pytest.raises(ValueError, match="bad.pt"):
         load_checkpoint(str(bad))
+    (tmp_path / "empty.pt").touch()  # torch.load's error for an empty file has no message
+    with pytest.raises(ValueError, match="empty.pt: not a readable checkpoint"):
+        load_checkpoint(str(tmp_path / "empty.pt"))
     with pytest.raises(FileNotFoundError):
         load_checkpoint(str(tmp_path / "missing.pt"))
     other = tmp_path / "other.pt"

@@ -663,7 +663,11 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     assert "def parse(line):" in r.stdout and "[dflash K=15] tau" in r.stdout
     assert "greedy output identical to plain decoding: True" in r.stdout
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "empty.pt").touch()
     for extra, message in [(["--ckpt", str(tmp_path / "bad.pt")], "not a readable checkpoint"),
+                           (["--ckpt", str(tmp_path / "empty.pt")], "not a readable checkpoint"),
+                           (["--method", "dflash", "-K", "16"], "dflash drafts at most 15 tokens per step, not 16"),
+                           (["--temperature", "nan"], "temperature must be >= 0, got nan"),
                            (["--ckpt", str(tmp_path / "missing.pt")], "no such checkpoint"),
                            (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt"),
                            (["--method", "ngram", "-K", "0"], "K must be >= 1")]:
