@@ -34,6 +34,9 @@ Three traps that gave near-zero acceptance elsewhere, each pinned by a test here
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
     python train_drafter.py --method dflash --target out/cpu/target.pt
+
+Size: ~280 lines against DESIGN's ~250: the training pass and the inference drafter with its
+ragged-row context cache live together, so that the two can be read against each other.
 """
 
 import math

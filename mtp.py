@@ -21,6 +21,10 @@ back. Confidence gating (`--mtp-draft N --mtp-margin M`, as in a local DeepSeek 
 draft at most N tokens, and stop the chain after the first module at which every row's top-1
 vs top-2 raw-logit margin is below M (one rule for the whole batch; that module's draft is
 still proposed).
+
+Size: ~200 lines against DESIGN's ~150, because it holds both ways of training (native inside
+train.py, post-hoc as PostHocMTP) and the drafter's per-module caches with their catch-up on
+rows of different lengths, besides the modules themselves.
 """
 
 import os
