@@ -68,6 +68,10 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
             assert r["tau_se"] == 0.0  # every prompt has tau exactly 1
         else:
             assert len(r["acceptance_per_position"]) == 3
+        # speedup is ar's wall time over this row's, at the same temperature; tok/s agrees with it
+        ar = next(a for a in rows if a["method"] == "ar" and a["temperature"] == r["temperature"])
+        assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
     assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
     # the sweep runs at the first temperature (0 here), so each row is checked against ar at its batch size
     assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])

@@ -57,6 +57,9 @@ def test_training_path_equals_inference_path():
         dr.prefill(buf, n, feats[:, :a])
         inf = dr.block_logits(buf, n, S)[0]
         assert (inf - train[0, i]).abs().max() < 1e-4, a
+        # and propose drafts slot k's argmax for position a+k: slot 0 (the known x_a) dropped
+        drafts, q = dr.propose(buf, n, S - 1)
+        assert q is None and drafts[0].tolist() == train[0, i, 1:].argmax(-1).tolist(), a
 
 
 @torch.no_grad()

@@ -60,6 +60,11 @@ def test_cache_prefill_single_chunks_rollback_batch():
         committed = [c + int(k) for c, k in zip(committed, keep)]
         cache.rollback(torch.tensor(committed))
         assert cache.lengths.tolist() == committed
+    # rollback keeps a copy: the caller's tensor may change afterwards (refills write lengths[b])
+    n = torch.tensor(committed)
+    cache.rollback(n)
+    n[0] = 99
+    assert cache.lengths.tolist() == committed
 
 
 @torch.no_grad()

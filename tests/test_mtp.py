@@ -138,13 +138,14 @@ class CheckedMTPDrafter(MTPDrafter):
         return drafts, q
 
 
-@pytest.mark.parametrize("kind", ["random", "echo"])
-def test_module_caches_match_non_incremental(kind):
+@pytest.mark.parametrize("kind, batch_size", [("random", None), ("echo", None), ("random", 1)])
+def test_module_caches_match_non_incremental(kind, batch_size):
+    """batch_size 1 runs the three prompts through one row, so the caches restart by refill."""
     target = random_target() if kind == "random" else loopy_target()
     heads = random_mtp(target, seed=1) if kind == "random" else echo_mtp(target, seed=1)
     drafter = CheckedMTPDrafter(target, heads, n_draft=DEPTH)
     prompts = ragged_prompts(3, seed=2)
-    outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=20, K=DEPTH)
+    outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=20, K=DEPTH, batch_size=batch_size)
     assert outs == [naive_generate(target, p, 20) for p in prompts]
     assert drafter.checks >= 3 * 5
     if kind == "echo":  # rows accepted different numbers of drafts, so the caches caught up by several

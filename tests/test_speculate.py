@@ -388,6 +388,27 @@ def test_the_residual_uses_the_rejected_position_after_an_accepted_draft():
     assert torch.bincount(nxt, minlength=4).tolist() == [625, 0, 375, 0]
 
 
+def test_a_draft_the_target_never_samples_is_rejected_even_at_u_zero():
+    """torch.rand can return exactly 0: the test u * q(d) < p(d) must then still reject a
+    draft with p(d) = 0 (a `<=` would accept a token the target can never produce)."""
+    p = torch.tensor([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]]])
+    q = torch.tensor([[[0.5, 0.5, 0.0]]])
+    n, nxt = accept_scan_ref(p, torch.tensor([[0]]), q, torch.zeros(1, 2))
+    assert n.tolist() == [0] and nxt.tolist() == [2]  # the residual max(0, p - q) = [0, 0, .5]
+
+
+def test_an_empty_residual_falls_back_to_p():
+    """q = p with p(d) = 0: the draft is rejected (u * 0 < 0 fails) and max(0, p - q) is all
+    zero; the emitted token must then come from p itself, never from the empty residual's
+    inverse CDF (which would land on the last token, of probability 0)."""
+    p = torch.tensor([[[0.0, 0.3, 0.7, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    M = 1000
+    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1)
+    n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 1, dtype=torch.long), p[:, :1].expand(M, -1, -1), u)
+    assert (n == 0).all()
+    assert torch.bincount(nxt, minlength=4).tolist() == [0, 300, 700, 0]
+
+
 def test_residual_excludes_the_rejected_argmax_draft():
     # q one-hot at d (argmax drafts, q=None) while p has mass elsewhere: on rejection the
     # residual is p with d removed, so d can never be emitted
