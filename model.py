@@ -243,13 +243,17 @@ def logits_to_probs(logits, temperature=1.0, top_k=None):
 
 def draw(probs, generator=None):
     """One draw per row of probs (..., V) -> (...), by inverse CDF: the first token whose running
-    sum exceeds u * total, with u uniform and the product kept below the total, so a token of
-    zero probability (a flat step of the running sum) is never drawn. The same distribution as
-    torch.multinomial(probs, 1), which on a CPU is ~20x slower (~0.15 ms per 4,098-token row:
-    over a tenth of a DFlash pass at T = 1, which draws 15 rows)."""
-    cdf = probs.float().cumsum(-1)
+    sum exceeds u * total, with u uniform and the product kept below the total. In float64, so
+    the drawn distribution is probs up to ~1e-16 per token even at V = 151,936 (float32's 2^-24
+    steps of u would be off by ~1e-3 in total variation there). A token of zero probability
+    leaves the running sum flat, so it is never drawn on a CPU, whose cumsum adds in order; a
+    GPU's parallel scan may leave a step of one double rounding there (~1e-16). A row with no
+    mass (all zero, NaN) gives V, out of range, which the next embedding lookup rejects.
+    torch.multinomial(probs, 1) draws the same, but on a CPU it took 1.6 ms for DFlash's 15
+    slots of 4,098 tokens, a tenth of a pass at T = 1, against 0.07 ms here."""
+    cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
-    u = torch.rand(total.shape, generator=generator, device=probs.device)
+    u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
     x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up to total
     return torch.searchsorted(cdf, x, right=True)[..., 0]
 

@@ -149,22 +149,23 @@ def failure(e):
 
 
 def cudart_flags(cuda_home):
-    """Linker flags that find libcudart. torch links with -L<CUDA_HOME>/lib64 -lcudart, and
-    guesses CUDA_HOME from `which nvcc`; where that nvcc is a wrapper script elsewhere (this
-    project's CPU machines have /usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc),
-    the guess has no libcudart and the link fails with 'cannot find -lcudart'. nvcc -dryrun
-    names the folder it really runs from (_HERE_), whose parent is the toolkit."""
+    """-L for the folder that holds libcudart (torch adds -lcudart). torch guesses CUDA_HOME
+    from `which nvcc`; where that nvcc is a wrapper script elsewhere (this project's CPU
+    machines have /usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc), the guess has
+    no libcudart and the link fails with 'cannot find -lcudart'. nvcc -dryrun then names the
+    folder it really runs from (_HERE_), whose parent is the toolkit. Where CUDA_HOME is right
+    this repeats torch's own -L, which is harmless."""
     def cudart_dir(root):
         return next((Path(root, d) for d in ("lib64", "lib") if Path(root, d, "libcudart.so").exists()), None)
-    if cudart_dir(cuda_home):
-        return []
-    try:
-        r = subprocess.run([str(Path(cuda_home, "bin", "nvcc")), "-dryrun", "-E", "-x", "cu", os.devnull],
-                           capture_output=True, text=True, timeout=60)
-        here = re.search(r"^#\$ _HERE_=(.*)$", r.stdout + r.stderr, flags=re.M)
-    except (OSError, subprocess.TimeoutExpired):
-        here = None
-    lib = here and cudart_dir(Path(here.group(1).strip()).parent)
+    lib = cudart_dir(cuda_home)
+    if lib is None:
+        try:
+            r = subprocess.run([str(Path(cuda_home, "bin", "nvcc")), "-dryrun", "-E", "-x", "cu", os.devnull],
+                               capture_output=True, text=True, timeout=60)
+            here = re.search(r"^#\$ _HERE_=(.*)$", r.stdout + r.stderr, flags=re.M)
+            lib = here and cudart_dir(Path(here.group(1).strip()).parent)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
     return [f"-L{lib}"] if lib else []  # else the link error says what is missing
 
 

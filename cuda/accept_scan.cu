@@ -12,7 +12,8 @@
 //           torch.argmax.
 // Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
 //           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
-//           r has no mass): the first j with cdf_j > u_K * cdf_{V-1} (torch.searchsorted right=True).
+//           r has no mass): the first j with cdf_j > u_K * cdf_{V-1} (torch.searchsorted right=True;
+//           such a j always has r_j > 0, which the kernel also requires).
 //           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
 //
 // NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds
@@ -220,7 +221,9 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
     const double x = j < V ? (use_p ? p_n[j] : residual(j)) : 0.0;
     double tile;
     const double cdf = carry + block_inclusive_scan(x, &tile);
-    if (j < V && static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
+    // x > 0: a zero-mass token is never first, even where the tile's tree scan rounded its
+    // running sum a hair above its neighbour's (the reference's sequential sum stays flat there)
+    if (j < V && x > 0.0 && static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
     carry += tile;
     __syncthreads();
     if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first

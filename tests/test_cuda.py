@@ -24,7 +24,7 @@ from model import apply_rope
 
 MODES = ("greedy", "sample_q", "sample_argmax")
 ACCEPT_SHAPES = [(1, 1, 97), (1, 15, 4099), (3, 15, 97), (3, 1, 4099), (7, 15, 4099), (7, 1, 97)]  # (B, K, V)
-QWEN_V = [(2, 15, 151936)]  # Qwen3's vocabulary (the paper's targets): many tiles per row, < 1 s emulated
+QWEN_SHAPES = [(2, 15, 151936)]  # Qwen3's vocabulary (the paper's targets): many tiles per row, ~1.3 s emulated
 KV_SHAPES = [(2, 1, 2, 64, 64, 16), (3, 3, 1, 16, 40, 7), (2, 7, 2, 64, 96, 5)]  # (L, B, H, D, T_max, T_new)
 has_gpu = torch.cuda.is_available()
 
@@ -121,7 +121,7 @@ def test_kv_inject_host_checks(ext):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_V)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_SHAPES)
 def test_accept_scan_host(ext, shape, mode):
     for seed, exact in ((0, True), (1, False)):  # the host path is exact even on unquantized input
         p, drafts, q, u = make_accept_case(*shape, mode, seed=seed, exact=exact)
@@ -289,7 +289,7 @@ def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(e
 
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_V)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_SHAPES)
 def test_accept_scan_emulated_kernels(emu, shape, mode, version):
     # quantized probabilities (exact=True), as on the GPU: the kernels scan in tiles, and only
     # on such inputs is every summation order bit-identical (header of accept_scan.cu)
@@ -432,7 +432,11 @@ def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
     (real / "lib64" / "libcudart.so").touch()
     script(wrap / "bin" / "nvcc", f'exec {real / "bin" / "nvcc"} "$@"')
     assert cuda.cudart_flags(wrap) == [f"-L{real}/lib64"]
-    assert cuda.cudart_flags(real) == []                     # torch's own -L already finds it
+    assert cuda.cudart_flags(real) == [f"-L{real}/lib64"]   # the right CUDA_HOME: torch's own folder
+    (real / "lib64" / "libcudart.so").unlink()                # a toolkit with its runtime in lib/
+    (real / "lib").mkdir()
+    (real / "lib" / "libcudart.so").touch()
+    assert cuda.cudart_flags(wrap) == cuda.cudart_flags(real) == [f"-L{real}/lib"]
     assert cuda.cudart_flags(tmp_path / "missing") == []      # no nvcc: the link error will say so
     script(wrap / "bin" / "nvcc", "exit 1")                   # an nvcc that names no folder
     assert cuda.cudart_flags(wrap) == []
@@ -452,7 +456,7 @@ def test_kv_inject_cuda(ext, shape, dtype):
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_V)
+@pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_SHAPES)
 def test_accept_scan_cuda(ext, shape, mode, version):
     # quantized probabilities (exact=True): every summation order gives the same CDF, so the
     # GPU's tile scan must agree bit for bit with the CPU reference's sequential one

@@ -153,8 +153,13 @@ def test_draw_takes_each_token_at_its_probability_and_never_a_zero_one(monkeypat
     # the ends of u: 0 gives the first token with mass, and even u = 1 (which torch.rand never
     # returns, but u * total may round up to total) gives the last one, not the zero after it
     for u, token in ((0.0, 1), (1.0, 4)):
-        monkeypatch.setattr(torch, "rand", lambda shape, generator=None, device=None: torch.full(shape, u))
+        monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=torch.float64))
         assert draw(probs[None]).tolist() == [token]
+    # the running sum is float64: a token of probability 2^-40 keeps its own sliver of u (in
+    # float32 0.5 + 2^-40 == 0.5, and it could never be drawn)
+    tiny = torch.tensor([0.5, 2.0 ** -40, 0.5 - 2.0 ** -40], dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, 0.5 + 2.0 ** -41, dtype=torch.float64))
+    assert draw(tiny[None]).tolist() == [1]
 
 
 def test_checkpoint_errors(tmp_path):

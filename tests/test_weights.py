@@ -3,9 +3,11 @@ The committed reference weights (weights/cpu) still draft well.
 
 Every other test checks that speculative decoding is lossless, which a drafter that drafts
 badly still is: a DFlash that kept the wrong block slots stayed token-identical while its tau
-fell from 4.4 to 1.0. Here each drafter runs on 4 held-out prompts, 48 tokens each, at T = 0
-and T = 1, and its tau must stay above a floor at about 70 % of what it measured (session 19,
-this CPU), far above what a broken drafter gives (~1).
+here fell from 4.36 to 1.02 at T = 0. Each drafter runs on 4 held-out prompts, 48 tokens each,
+at T = 0 and T = 1, and its tau must stay above a floor well below what it measured
+(2026-12-02, a 2-core CI-class CPU; T = 0 is deterministic, and over 12 seeds at T = 1 each
+floor sat at least 3.5 standard deviations below the mean, in case another machine's rounding
+changes a sampled token).
 
     python -m pytest -q tests/test_weights.py
 """
@@ -13,7 +15,6 @@ this CPU), far above what a broken drafter gives (~1).
 import os
 
 import pytest
-import torch
 
 import speculate
 from data import WEIGHTS_DIR, get_encoding, heldout_prompts
@@ -22,10 +23,10 @@ from model import load_target
 W = os.path.join(WEIGHTS_DIR, "cpu")
 CASES = [  # (method, T, tau measured, floor asserted); ngram at T = 1 accepts ~nothing by nature
     ("ngram", 0.0, 1.88, 1.4),
-    ("draft", 0.0, 1.28, 1.1), ("draft", 1.0, 1.51, 1.2),
-    ("mtp", 0.0, 3.20, 2.4), ("mtp", 1.0, 2.37, 1.8),
-    ("eagle", 0.0, 4.68, 3.3), ("eagle", 1.0, 2.82, 2.0),
-    ("dflash", 0.0, 4.36, 3.0), ("dflash", 1.0, 2.00, 1.5),
+    ("draft", 0.0, 1.28, 1.1), ("draft", 1.0, 1.47, 1.1),
+    ("mtp", 0.0, 3.20, 2.4), ("mtp", 1.0, 2.34, 1.8),
+    ("eagle", 0.0, 4.68, 3.3), ("eagle", 1.0, 2.87, 2.0),
+    ("dflash", 0.0, 4.36, 3.0), ("dflash", 1.0, 2.02, 1.5),
 ]
 
 
