@@ -291,3 +291,18 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
     drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
     assert (drafter.mtp.depth, drafter.n_draft, drafter.margin) == (2, 1, 0.5)
+
+
+def test_a_deeper_loss_trains_the_shallower_modules_and_the_trunk():
+    """Module k reads module k-1's output, undetached, as in DeepSeek-V3: depth 2's loss must
+    send gradient into module 1 and into the target's hidden states (the native MTP run trains
+    the trunk with it). A .detach() between depths would still train each module, so only
+    gradients show it."""
+    target = random_target()
+    heads = random_mtp(target)
+    seq = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(0))
+    h0 = target(seq[:, :-1], hidden_layers=(target.cfg.n_layer,))[1][0].detach().requires_grad_()
+    losses, _, _ = heads.losses(target, seq, h0)
+    losses[1].backward()
+    assert h0.grad.abs().sum() > 0
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads.mods[0].parameters() if p.dim() == 2)

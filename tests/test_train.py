@@ -33,11 +33,13 @@ def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):
     assert load_checkpoint(str(out))["step"] == 210
 
 
-def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mtp", [[], ["--mtp-depth", "1"]], ids=["target", "target+mtp"])
+def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch, mtp):
     """12 steps straight, or killed right after the save at step 6 and resumed: the same weights,
-    bit for bit (the warm-up is counted in steps, so no rate comes from the clock here)."""
+    bit for bit (the warm-up is counted in steps, so no rate comes from the clock here), native
+    MTP heads included."""
     data.prepare()
-    flags = ["--preset", "tiny", "--max-steps", "12", "--minutes", "30", "--seq-len", "32", "--batch-size", "4",
+    flags = mtp + ["--preset", "tiny", "--max-steps", "12", "--minutes", "30", "--seq-len", "32", "--batch-size", "4",
              "--eval-every", "100", "--eval-batches", "1", "--warmup-steps", "4", "--save-every", "6",
              "--quality-prompts", "0", "--threads", "1"]
     train.main(train.get_parser().parse_args(flags + ["--out-path", str(tmp_path / "whole.pt")]))
@@ -60,6 +62,9 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch):
     whole, resumed = load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(cut)
     assert resumed["step"] == 12 and not os.path.exists(run_file)  # finished: nothing left to resume
     assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
+    if mtp:
+        assert whole["mtp_state_dict"] and all(torch.equal(resumed["mtp_state_dict"][k], v)
+                                               for k, v in whole["mtp_state_dict"].items())
 
     # killed after its last save (step 12, to the run file) but before the final one: the resumed
     # run has no step left and still ends, writes the checkpoint and removes the run file

@@ -266,3 +266,20 @@ def test_evaluate_draws_the_same_at_every_call_and_leaves_the_training_rng_alone
     assert torch.equal(torch.rand(3), after)  # evaluate consumed nothing from the caller's stream
     torch.manual_seed(2)
     assert train_drafter.evaluate(Random(), None, val, feats, 2, 0) == first
+
+
+def test_the_lr_warms_up_then_decays_to_zero_and_every_step_is_clipped(target_dir, monkeypatch):
+    """The optimisation settings the resume tests cannot see (two runs that share a wrong
+    schedule still agree): warm-up over the first 4 % of the run, cosine to zero, and one
+    gradient clip at norm 1.0 before every step. 50 steps, so 4 % is 2 of them."""
+    lrs, clips = [], []
+    real_step, real_clip = torch.optim.AdamW.step, torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.optim.AdamW, "step",
+                        lambda self, *a, **k: lrs.append(self.param_groups[0]["lr"]) or real_step(self, *a, **k))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, max_norm, *a, **k: clips.append(max_norm)
+                        or real_clip(p, max_norm, *a, **k))
+    run(target_dir, "mtp", "--max-steps", "50", "--minutes", "1000", "--eval-every", "1000", "--lr", "1e-3")
+    assert len(lrs) == 50 and clips == [1.0] * 50
+    assert lrs[0] < lrs[1] < lrs[2] == pytest.approx(1e-3) == max(lrs)  # warm-up ends at step 2 of 50
+    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))                 # then only down ...
+    assert lrs[26] == pytest.approx(0.5e-3) and lrs[-1] < 1e-5           # ... a cosine from there to ~0
