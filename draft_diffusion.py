@@ -256,7 +256,7 @@ class DFlashDrafter:
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         # a block of K+1 slots, though training always fills 16: running all 16 and keeping K
         # drafts accepts 2-5 % more but costs more than that on a CPU (docs/experiments.md)
-        S = min(K + 1, self.block_size)
+        S = min(K, self.max_K) + 1
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
         if temperature > 0 and self.sample:  # independent draws from each slot's own q
             q = logits_to_probs(logits, temperature, top_k)                          # (B, S-1, V)

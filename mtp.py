@@ -161,7 +161,7 @@ class MTPDrafter:
         ext = tokens.clone()                           # committed tokens, then drafts past n
         rows = torch.arange(B, device=n.device)
         drafts, qs = [], []
-        for k in range(1, min(K, self.n_draft) + 1):
+        for k in range(1, min(K, self.max_K) + 1):
             mod, cache = self.mtp.mods[k - 1], self.caches[k - 1]
             cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
             start = cache.lengths.clone()
