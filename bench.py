@@ -431,7 +431,8 @@ def get_parser():
                    "DFlash-16 budget); mtp drafts its depth (default %(default)s)")
     g.add_argument("--block-size", type=int, default=16, help="dflash block size B (drafts B-1); at "
                    "most what it was trained for (default %(default)s)")
-    g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft at most N tokens (default: all its modules)")
+    g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "
+                   "so 1..its depth (default: all its modules)")
     g.add_argument("--mtp-margin", type=float, default=0.0, help="mtp: stop drafting once the top-1 vs top-2 logit "
                    "margin falls below M (default %(default)s = never)")
     g.add_argument("--dflash-argmax", action="store_true", help="dflash at T > 0: take each slot's argmax instead of "
@@ -476,7 +477,8 @@ def main(argv=None):
     lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
             "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
-            "--top-k": (1 if args.top_k is None else args.top_k, 1)}
+            "--top-k": (1 if args.top_k is None else args.top_k, 1),
+            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1)}
     for flag, (value, low) in lows.items():
         if value < low:
             die(f"{flag} must be >= {low}, got {value}")
@@ -525,8 +527,8 @@ def main(argv=None):
             continue  # reason already in skipped
         try:
             drafters[m] = get_drafter(m, target, found.get(m), args)
-        except ValueError as e:  # e.g. a block size above what dflash was trained for
-            die(f"{m}: {e}" + (" (see --block-size)" if m == "dflash" else ""))
+        except ValueError as e:  # a block size above what dflash was trained for, more drafts than mtp's depth
+            die(f"{m}: {e}" + {"dflash": " (see --block-size)", "mtp": " (see --mtp-draft)"}.get(m, ""))
         except (ImportError, FileNotFoundError, AttributeError) as e:
             skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
     for m, why in skipped:

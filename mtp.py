@@ -112,7 +112,9 @@ class MTPDrafter:
 
     def __init__(self, target, mtp, n_draft=None, margin=0.0, sample=True):
         self.target, self.mtp = target, mtp
-        self.n_draft = min(n_draft or mtp.depth, mtp.depth)
+        self.n_draft = mtp.depth if n_draft is None else n_draft
+        if not 1 <= self.n_draft <= mtp.depth:
+            raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, not {self.n_draft}")
         self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
         self.default_K = self.max_K = self.n_draft  # one draft per module, no more

@@ -131,6 +131,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])

@@ -81,7 +81,7 @@ def test_greedy_equals_plain(kind, K, margin):
     heads = random_mtp(target) if kind == "random" else echo_mtp(target)
     for B in (1, 3):
         prompts = ragged_prompts(B)
-        drafter = MTPDrafter(target, heads, n_draft=K, margin=margin)
+        drafter = MTPDrafter(target, heads, n_draft=min(K, DEPTH), margin=margin)
         outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=MAX_NEW, K=K)
         assert outs == [naive_generate(target, p, MAX_NEW) for p in prompts]
         assert len(st["acceptance_per_position"]) == K
@@ -152,10 +152,13 @@ def test_module_caches_match_non_incremental(kind, batch_size):
         assert len(set(st["row_passes"])) > 1 and drafter.max_catch_up > DEPTH
 
 
-def test_mtp_draft_is_capped_at_the_depth_and_sets_the_default_K():
+def test_mtp_draft_sets_the_default_K_and_more_than_the_depth_is_refused():
     target = random_target()
     heads = random_mtp(target)
-    assert [MTPDrafter(target, heads, n_draft=n).default_K for n in (None, 2, 9)] == [DEPTH, 2, DEPTH]
+    assert [MTPDrafter(target, heads, n_draft=n).default_K for n in (None, 2, DEPTH)] == [DEPTH, 2, DEPTH]
+    for n in (-1, DEPTH + 1):  # bench's --mtp-draft: an error, not a silent cap
+        with pytest.raises(ValueError, match=f"drafts 1..{DEPTH} tokens, not {n}"):
+            MTPDrafter(target, heads, n_draft=n)
 
 
 @torch.no_grad()
@@ -291,6 +294,8 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
     drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
     assert (drafter.mtp.depth, drafter.n_draft, drafter.margin) == (2, 1, 0.5)
+    with pytest.raises(ValueError, match="mtp has 2 modules"):  # bench dies with it (see --mtp-draft)
+        mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=3)
 
 
 def test_a_deeper_loss_trains_the_shallower_modules_and_the_trunk():
