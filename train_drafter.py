@@ -230,6 +230,7 @@ def main(args):
     order = torch.Generator().manual_seed(args.seed)  # the data order
     step, epoch, elapsed = 0, 0, 0.0
     perm = torch.randperm(len(train), generator=order)
+    per_epoch = max(1, len(train) // args.batch_size)  # full batches; the remainder sits out that epoch's order
     if resumed:  # weights, optimizer, step, clock and every random stream: the rest of the same run
         model.load_state_dict(resumed["state_dict"])
         opt.load_state_dict(resumed["optimizer"])
@@ -254,10 +255,10 @@ def main(args):
         lr = args.lr * (frac / warm if frac < warm else 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm))))
         for group in opt.param_groups:
             group["lr"] = lr
-        if (step + 1) * args.batch_size > (epoch + 1) * len(train):  # new epoch: new order (and new anchors)
+        if step // per_epoch > epoch:  # new epoch: new order (and new anchors)
             epoch += 1
             perm = torch.randperm(len(train), generator=order)
-        j = (step * args.batch_size) % len(train)
+        j = (step % per_epoch) * args.batch_size
         idx = perm[j:j + args.batch_size].to(device)
         loss, st = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
         opt.zero_grad(set_to_none=True)

@@ -283,3 +283,18 @@ def test_the_lr_warms_up_then_decays_to_zero_and_every_step_is_clipped(target_di
     assert lrs[0] < lrs[1] < lrs[2] == pytest.approx(1e-3) == max(lrs)  # warm-up ends at step 2 of 50
     assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))                 # then only down ...
     assert lrs[26] == pytest.approx(0.5e-3) and lrs[-1] < 1e-5           # ... a cosine from there to ~0
+
+
+def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir, monkeypatch):
+    """10 sequences in batches of 4: each epoch is 2 full batches of 8 different sequences (the
+    2 left over sit out that epoch), never a short batch across the epoch boundary."""
+    cls = type(train_drafter.make_drafter_model("mtp", load_target(str(target_dir / "target.pt")),
+                                                train_drafter.get_parser().parse_args(["--method", "mtp"])))
+    batches, real = [], cls.loss
+    monkeypatch.setattr(cls, "loss", lambda self, target, tok, *a, **k: (
+        self.training and batches.append([tuple(r) for r in tok.tolist()])) or real(self, target, tok, *a, **k))
+    run(target_dir, "mtp", "--n-seqs", "10", "--max-steps", "7", "--eval-every", "1000")
+    assert [len(b) for b in batches] == [4] * 7
+    for e in range(3):  # epochs 0, 1, 2 (steps 0-1, 2-3, 4-5)
+        rows = sum(batches[2 * e:2 * e + 2], [])
+        assert len(set(rows)) == 8, e
