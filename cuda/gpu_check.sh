@@ -36,7 +36,15 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NA
   [ "$rc" -eq 0 ] || failed=1
 }
 
-step env 30 bash -c "nvidia-smi; $PY -c 'import torch, cuda; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), \"| cuda package:\", cuda.__file__)'; nvcc --version | tail -2; command -v nvcc; $PY -c 'from torch.utils import cpp_extension as c; import cuda; print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_flags(c.CUDA_HOME))'"
+# the GPU, the versions, and where the build will find the CUDA runtime (cuda.cudart_flags)
+ENV_REPORT="nvidia-smi
+$PY -c 'import torch, cuda; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(),
+                                  \"| cuda package:\", cuda.__file__)'
+nvcc --version | tail -2
+command -v nvcc
+$PY -c 'from torch.utils import cpp_extension as c; import cuda
+print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_flags(c.CUDA_HOME))'"
+step env 30 bash -c "$ENV_REPORT"
 step selfcheck 170 $PY -m cuda
 step tests 120 $PY -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
 step sdpa 20 $PY -m cuda.sdpa_probe
