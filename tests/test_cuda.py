@@ -12,6 +12,7 @@ the .cu files are compile-checked when nvcc exists; GPU tests skip without a GPU
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -426,6 +427,11 @@ def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n" + body + "\n")
         path.chmod(0o755)
+    script(tmp_path / "probe", "exit 0")
+    try:
+        subprocess.run([tmp_path / "probe"], check=True)
+    except OSError as e:  # e.g. a /tmp mounted noexec
+        pytest.skip(f"cannot run scripts from {tmp_path}: {e}")
     real, wrap = tmp_path / "cuda-13.0", tmp_path / "local"
     script(real / "bin" / "nvcc", f'echo "#$ _HERE_={real}/bin" >&2')  # what nvcc -dryrun prints
     (real / "lib64").mkdir()
