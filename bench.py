@@ -181,10 +181,10 @@ def find_or_train(args, methods, device, dtype):
             found["draft"] = train_dir
         else:
             try:
-                import train_drafter
+                import train, train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
                         str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
-                train_resuming(train_drafter, what, train_drafter.run_path(train_dir, what), argv)
+                train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, f"{what}.pt")), argv)
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))

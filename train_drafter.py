@@ -42,7 +42,7 @@ import torch
 
 import data
 from model import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
-from train import check_args, check_run_flags, claim_run_file, eta_s
+from train import check_args, check_run_flags, claim_run_file, eta_s, run_path
 
 
 # -----------------------------------------------------------------------------
@@ -179,11 +179,6 @@ RUN_FLAGS = ("n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_temperatu
              "loss_decay", "anchors")
 
 
-def run_path(out_dir, method):
-    """Where a run in progress keeps what --resume needs; the finished drafter is <method>.pt."""
-    return os.path.join(out_dir, f"{method}.run.pt")
-
-
 def load_run(path, args, target_hash):
     """An interrupted run's state, checked before any work: same method, target and flags."""
     ck = load_checkpoint(path, kind=args.method)
@@ -212,7 +207,7 @@ def main(args):
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
-    run_file = run_path(args.out_dir, args.method)
+    run_file = run_path(os.path.join(args.out_dir, f"{args.method}.pt"))  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None
     owns_run = claim_run_file(run_file, args)
     train, val = get_distill_data(target, args, th)
