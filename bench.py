@@ -24,7 +24,7 @@ speedup vs ar, predicted speedup, lossless check), a chart of per-position accep
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
-~575 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
+~600 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
 (~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
 machine and needs no plotting dependency.
 """
@@ -230,7 +230,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
     # alpha_i: of the passes that drafted position i, the share in which the first i drafts were
-    # all accepted (cumulative; ngram and MTP's gate draft fewer than K in some passes)
+    # all accepted (cumulative; MTP's gate drafts fewer than K in some passes)
     st["alpha"] = [a / n for a, n in zip(st["acc"], st["att"]) if n > 0]
     return outs, st
 
@@ -276,7 +276,7 @@ def predicted_speedup(st, ar):
         predicted = E * t_ar / (t_draft + t_verify).
     E can exceed the measured tau, and so predicted the measured speedup: it counts the drafts a
     row's last pass accepts past its token budget, which are thrown away, and alpha_i counts only
-    the passes that drafted position i (ngram without a match, MTP's gate draft fewer). At
+    the passes that drafted position i (MTP's gate drafts fewer in some). At
     batch > 1 it also leaves out the passes in which finished rows ride along (E is per active
     row). The loop's own bookkeeping is small: on a CPU, 1-2 % of a pass."""
     E = 1 + sum(st["alpha"])
@@ -379,7 +379,7 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
-    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp its depth, dflash block {args.block_size} "
+    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp {args.mtp_draft or 'its depth'}, dflash block {args.block_size} "
           f"(K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
@@ -428,7 +428,7 @@ def get_parser():
     g.add_argument("--batch-sizes", default=None, help="extra sweep of throughput over these batch sizes, e.g. 1,4,16 "
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
-                   "DFlash-16 budget); mtp drafts its depth (default %(default)s)")
+                   "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default %(default)s)")
     g.add_argument("--block-size", type=int, default=16, help="dflash block size B (drafts B-1); at "
                    "most what it was trained for (default %(default)s)")
     g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "

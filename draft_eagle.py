@@ -21,8 +21,8 @@ weighted 0.8^j, so the drafter learns to read the features it will actually get 
 Each step feeds the data token, not the drafter's own guess: a chain only matters while its
 drafts equal the target's tokens, and on that prefix the two are the same.
 
-    python train_drafter.py --method eagle
-    python speculate.py --method eagle --check
+    python train_drafter.py --method eagle                      # into out/cpu/weights/
+    python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods eagle
 
 About 250 lines, over the ~200 budget: the training-time-test attention and the ragged
 catch-up are spelled out rather than folded into helpers shared with mtp.py.

@@ -124,7 +124,8 @@ RUN_FLAGS = ("preset", "seed", "batch_size", "seq_len", "lr", "min_lr_frac", "wa
 
 def run_path(out_path):
     """Where a run in progress saves. out_path is written only when the run finishes, so a killed
-    run never leaves a half-trained target where bench.py would take it for a finished one."""
+    run never leaves a half-trained model (target, draft model or drafter) where bench.py would
+    take it for a finished one."""
     return os.path.splitext(out_path)[0] + ".run.pt"
 
 

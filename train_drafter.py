@@ -4,7 +4,7 @@ or `dflash` (draft_diffusion.py).
 
 1. Self-distillation data: the target's own continuations of training prompts, generated in
    batches through the KV cache (speculate.generate, plain decoding) and cached in
-   out/<preset>/distill_<target hash>_<settings>.pt. A drafter should learn what *this*
+   --out-dir as distill_<target hash>_<settings>.pt. A drafter should learn what *this*
    target says, not what the corpus says: that is what its drafts are verified against
    (DFlash sec. 4, EAGLE).
    By default half the continuations are greedy (T = 0) and half sampled (T = 1), because
@@ -20,16 +20,17 @@ or `dflash` (draft_diffusion.py).
    cosine schedule, 4 % warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on
    the same data and budget; batch size and peak rate per method (RECIPE below: what the
    reference weights used).
-3. A checkpoint in out/<preset>/<method>.pt records the hash of the target it was trained
-   for; loading it against another target is an error. Until a run finishes, it keeps its
+3. The checkpoint, <method>.pt in --out-dir (beside the target; out/<preset>/weights/ for the
+   committed weights/<preset>/target.pt), records the hash of the target it was trained for; loading it against another target is an error. Until a run finishes, it keeps its
    state (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps,
    and --resume continues a killed run from there.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
-~340 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
-committed budget trains for 80-100 minutes (three runs on two cores): a killed one should not start over.
+~345 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
+committed budget trains for 60-175 minutes (README, "How long to train?"): a killed one should
+not start over.
 """
 
 import argparse
@@ -98,7 +99,7 @@ def get_distill_data(target, args, target_hash):
 # the drafter models, by method
 
 # Per-method defaults of --batch-size, --lr and --loss-decay: the recipe of the reference weights
-# (README, the tuning table under the weights). EAGLE and MTP gained from small batches at a high
+# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small batches at a high
 # rate; DFlash kept the paper's rate and batch, and gained from a faster loss decay than its 7.
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
