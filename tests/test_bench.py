@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import bench
+import data
+from model import load_target, save_checkpoint, weights_hash
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
@@ -132,6 +134,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
+    (["--weights", "w", "--retrain"], "--weights DIR trains nothing"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
@@ -182,7 +185,6 @@ def test_tau_standard_error():
 
 
 def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
-    from model import save_checkpoint
     save_checkpoint(str(tmp_path / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
     assert bench.usable("eagle", [str(tmp_path)], "def") is None
     assert "trained for another target" in capsys.readouterr().out
@@ -233,8 +235,6 @@ def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
 
 
 def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
-    import data
-    from model import load_target, save_checkpoint, weights_hash
     ref = tmp_path / "weights" / "tiny"
     outw = tmp_path / "out" / "tiny" / "weights"
     save_tiny(ref / "target.pt", seed=0)
@@ -250,7 +250,6 @@ def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
 def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """bench trains a missing drafter with --resume when its killed run left a <method>.run.pt,
     from scratch otherwise, and from scratch when that run file is not one it can continue."""
-    import data
     import train_drafter
     ref, outw = tmp_path / "weights" / "tiny", tmp_path / "out" / "tiny" / "weights"
     save_tiny(ref / "target.pt", seed=0)
@@ -285,7 +284,6 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
 def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """--retrain trains the target with --resume when a killed run left target.run.pt, and from
     scratch when that file is not a run it can continue."""
-    import data
     import train
     out = tmp_path / "out" / "tiny"
     monkeypatch.setattr(data, "prepare", lambda: None)
@@ -310,7 +308,6 @@ def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch
 
 def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
     from draft_eagle import Eagle
-    from model import load_target, save_checkpoint, weights_hash
     target = load_target(str(weights / "target.pt"))
     torch.manual_seed(0)
     e = Eagle(target.cfg, ttt_steps=2)
@@ -323,3 +320,79 @@ def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
         os.remove(weights / "eagle.pt")
     eagle = rows[1]
     assert eagle["method"] == "eagle" and eagle["K"] == 3 and len(eagle["acceptance_per_position"]) == 3
+
+
+def test_the_preset_follows_the_device(monkeypatch):
+    seen = {}
+
+    def stop(args, *a):
+        seen["preset"] = args.preset
+        raise SystemExit(0)
+    monkeypatch.setattr(bench, "find_or_train", stop)
+    monkeypatch.setattr(data, "heldout_prompts", lambda n: ["def f():"])
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--methods", "ar"])
+    assert seen["preset"] == "cpu"
+
+
+def test_bfloat16_needs_cuda(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--dtype", "bfloat16", "--device", "cpu"])
+    assert e.value.code == 2 and "--dtype bfloat16 needs --device cuda" in capsys.readouterr().err
+
+
+def args_for(tmp_path):
+    return argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
+
+
+def test_a_committed_target_of_another_tokenizer_falls_back_to_out(tmp_path, monkeypatch, capsys):
+    save_tiny(tmp_path / "weights" / "tiny" / "target.pt", tokenizer="0123456789ab")
+    save_tiny(tmp_path / "out" / "tiny" / "target.pt", seed=1)
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    _, path, _, _ = bench.find_or_train(args_for(tmp_path), ["ar"], torch.device("cpu"), torch.float32)
+    assert path == str(tmp_path / "out" / "tiny" / "target.pt")
+    assert "not using the committed" in capsys.readouterr().out
+
+
+def test_a_corrupt_checkpoint_does_not_hide_a_good_one(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "eagle.pt").write_bytes(b"junk")
+    save_checkpoint(str(tmp_path / "b" / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
+    assert bench.usable("eagle", [str(tmp_path / "a"), str(tmp_path / "b")], "abc") == str(tmp_path / "b")
+
+
+def committed(tmp_path, monkeypatch):
+    ref = tmp_path / "weights" / "tiny"
+    save_tiny(ref / "target.pt", seed=0)
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setattr(data, "DATA_OUT", str(tmp_path / "nodata"))  # nothing to train, so no token bins either
+    monkeypatch.setattr(data, "prepare", lambda *a, **k: pytest.fail("nothing to train: no bins needed"))
+    t = load_target(str(ref / "target.pt"))
+    return ref, weights_hash(t.cfg, t.state_dict())
+
+
+def test_mtp_in_out_weights_is_found_when_the_target_has_no_heads(tmp_path, monkeypatch):
+    ref, th = committed(tmp_path, monkeypatch)
+    outw = tmp_path / "out" / "tiny" / "weights"
+    save_checkpoint(str(outw / "mtp.pt"), dict(kind="mtp", config={}, state_dict={}, target_hash=th))
+    _, _, found, _ = bench.find_or_train(args_for(tmp_path), ["ar", "mtp"], torch.device("cpu"), torch.float32)
+    assert found == {"mtp": str(outw)}
+
+
+def test_a_draft_model_in_out_is_reused_and_nothing_is_prepared(tmp_path, monkeypatch):
+    committed(tmp_path, monkeypatch)
+    import train
+    monkeypatch.setattr(train, "main", lambda a: pytest.fail("must not train a draft model"))
+    save_tiny(tmp_path / "out" / "tiny" / "draft.pt", seed=1, n_layer=1)
+    _, _, found, _ = bench.find_or_train(args_for(tmp_path), ["ar", "draft"], torch.device("cpu"), torch.float32)
+    assert found == {"draft": str(tmp_path / "out" / "tiny")}
+
+
+def test_sweep_speedup_is_against_ar_at_the_same_batch_size(tmp_path):
+    w = tmp_path / "w"
+    save_tiny(w / "target.pt")
+    (tmp_path / "p.txt").write_text("def f():\n\nclass A:\n")
+    bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar,ngram", "--temperatures", "0", "--prompts",
+                str(tmp_path / "p.txt"), "--max-new-tokens", "6", "--batch-sizes", "2", "--json", str(tmp_path / "b.json")])
+    sweep = json.loads((tmp_path / "b.json").read_text())["batch_sweep"]
+    assert [s["speedup"] for s in sweep if s["method"] == "ar"] == [1.0]

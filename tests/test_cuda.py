@@ -192,6 +192,52 @@ def test_env_host_uses_extension(ext, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
 
 
+def test_each_path_is_announced_once_per_op(monkeypatch, capsys):
+    monkeypatch.setattr(cuda, "_announced", set())
+    monkeypatch.setenv(cuda.ENV, "0")
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    for _ in range(3):
+        cuda.accept_scan(p, drafts, q, u)
+    assert capsys.readouterr().out.count("accept_scan on cpu uses the reference path") == 1
+
+
+def test_a_failed_build_is_tried_once_reported_and_ctrl_c_still_stops(monkeypatch):
+    calls = []
+
+    def bad(verbose=False):
+        calls.append(1)
+        raise RuntimeError("g++ ...\nerror: boom\n")
+    monkeypatch.setattr(cuda, "_ext", None)
+    monkeypatch.setattr(cuda, "_ext_error", None)
+    monkeypatch.setattr(cuda, "_build", bad)
+    assert cuda.load() is None and cuda.load() is None and len(calls) == 1  # not again at every op call
+    monkeypatch.setenv(cuda.ENV, "host")
+    assert cuda.active_path("cpu") == ("reference", "build failed: RuntimeError: error: boom")
+    monkeypatch.setattr(cuda, "_ext_error", None)
+
+    def ctrl_c(verbose=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cuda, "_build", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):  # an interrupted build stops the program, it is no build failure
+        cuda.load()
+    assert cuda.build_error() is None
+
+
+def test_env_values_are_read_loosely_and_emulation_is_for_cpu_tensors_only(monkeypatch):
+    monkeypatch.setenv(cuda.ENV, " 0\n")
+    assert cuda.active_path("cpu") == ("reference", f"forced by {cuda.ENV}=0")
+    monkeypatch.setenv(cuda.ENV, "EMU")
+    monkeypatch.setattr(cuda, "load_emu", lambda *a, **k: None)
+    assert cuda.active_path("cpu")[0] == "emulation"
+    monkeypatch.setattr(cuda, "load_emu", lambda *a, **k: pytest.fail("no emulation for CUDA tensors"))
+    assert cuda.active_path("cuda") == ("reference", f"{cuda.ENV}=emu emulates the kernels for CPU tensors only")
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(cuda, "load_emu", boom)
+    assert cuda.active_path("cpu") == ("reference", "emulation build failed: RuntimeError: boom")
+
+
 def dflash_outputs(device, dtype, mode, monkeypatch, check_plain=False):
     """Greedy DFlash decoding of a ragged batch (a tiny random target and drafter) with the
     given DFLASH_CUDA_EXT mode, checking that both ops reached the extension unless the mode is

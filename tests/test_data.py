@@ -1,5 +1,6 @@
 """Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
 import hashlib
+import os
 from collections import Counter
 
 import pytest
@@ -210,3 +211,39 @@ def test_bins_are_rebuilt_for_another_tokenizer(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(data, "tokenizer_hash", lambda path=None: "another")
     meta = data._prepare(out, False)
     assert meta["tokenizer_hash"] == "another" and "rebuilding" in capsys.readouterr().out
+
+
+def test_a_cut_near_the_end_of_a_file_is_skipped(monkeypatch):
+    text = "x = 1\n" * 50 + "def f(x):\n    y = x\n    z = y\n    w = z\n" + "return w\n" * 5
+    monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text)]))
+    assert data.heldout_samples(1) == []
+
+
+def test_heldout_samples_spread_over_the_three_roots():
+    files = data.corpus_files()["val"]
+    texts = {k: t for k, t in data.read_texts(files)}
+    keys = [next(k for k, t in texts.items() if p + c in t) for p, c in data.heldout_samples(24)]
+    assert {k.split("/")[0] for k in keys} == {"stdlib", "torch", "numpy"} and keys != sorted(keys)
+
+
+def test_heldout_prompts_takes_the_seed():
+    assert data.heldout_prompts(5, seed=1) == [p for p, _ in data.heldout_samples(5, seed=1)]
+
+
+def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, monkeypatch, capsys):
+    for s in ("a", "b", "c"):
+        (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
+    files = {"train": [("a", str(tmp_path / "a.py"))], "val": [("b", str(tmp_path / "b.py"))]}
+    monkeypatch.setattr(data, "corpus_files", lambda: files)
+    out = str(tmp_path / "out")
+    data._prepare(out, False)
+    os.remove(os.path.join(out, "data", "val.bin"))
+    data._prepare(out, False)
+    assert "rebuilding" in capsys.readouterr().out and os.path.exists(os.path.join(out, "data", "val.bin"))  # a missing bin
+    files["train"].append(("c", str(tmp_path / "c.py")))
+    assert data._prepare(out, False)["files"]["train"] == 2  # another corpus
+    monkeypatch.setattr(data, "_prepared", {})
+    files["train"].pop()
+    assert data.prepare(out, rebuild=True)["files"]["train"] == 1
+    files["train"].append(("c", str(tmp_path / "c.py")))
+    assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache

@@ -234,3 +234,49 @@ def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):
     assert get_device("cuda") == torch.device("cuda")  # no index (None) means device 0
     with pytest.raises(ValueError, match="only 1 CUDA device"):
         get_device("cuda:1")
+
+
+def test_a_full_context_forward_without_a_cache():
+    """train.py's default --seq-len is the model's max_seq_len."""
+    m = tiny_model()
+    logits, _ = m(torch.zeros(1, m.cfg.max_seq_len, dtype=torch.long))
+    assert logits.shape[1] == m.cfg.max_seq_len
+
+
+def test_naive_generate_slides_past_the_context():
+    m = tiny_model()
+    T = m.cfg.max_seq_len
+    prompt = [1, 2, 3] * ((T - 4) // 3)  # 8 new tokens run 4 past the context
+    out = generate(m, prompt, 8)
+    ids = prompt + out[:-1]
+    assert len(out) == 8 and out[-1] == int(m(torch.tensor([ids[-T:]]))[0][0, -1].argmax())
+
+
+def test_draft_presets_share_their_targets_context():
+    for small, big in (("cpu-draft", "cpu"), ("gpu-draft", "gpu")):
+        assert PRESETS[small]["max_seq_len"] == PRESETS[big]["max_seq_len"]
+
+
+def test_load_target_takes_the_dtype_and_keeps_rope_in_float32(tmp_path):
+    from model import load_target
+    save_tiny(tmp_path / "t.pt")
+    m = load_target(str(tmp_path / "t.pt"), dtype=torch.bfloat16)
+    assert m.head.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("PAYLOAD RAN",))
+
+
+def test_load_checkpoint_never_runs_pickled_code(tmp_path, capsys):
+    torch.save(dict(kind="target", config={}, state_dict={}, x=Payload()), tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="evil.pt: not a readable checkpoint"):
+        load_checkpoint(str(tmp_path / "evil.pt"))
+    assert "PAYLOAD RAN" not in capsys.readouterr().out
+
+
+def test_a_checkpoint_without_a_kind_is_no_target(tmp_path):
+    save_checkpoint(str(tmp_path / "k.pt"), dict(config={}, state_dict={}))
+    with pytest.raises(ValueError, match="is a None checkpoint, expected 'target'"):
+        load_checkpoint(str(tmp_path / "k.pt"), kind="target")

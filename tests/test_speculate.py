@@ -646,6 +646,24 @@ def test_bad_input_raises_clear_errors():
     assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
 
 
+def test_a_batch_larger_than_the_prompt_list():
+    """bench.py --batch-sizes 1,4,16 with 10 prompts: the batch is the prompts there are."""
+    batch = [list(p) for p in prompts("random")[:2]]
+    outs, _ = speculate.generate(random_target(), batch, NgramDrafter(), max_new_tokens=8, K=4, batch_size=4)
+    assert outs == [reference("random", tuple(p), 8) for p in batch]
+
+
+@pytest.mark.parametrize("batch_size", [None, 1])  # fixed batch, and continuous (the stop seen at refill)
+def test_a_row_whose_first_token_is_the_stop_token_ends_at_its_prefill(batch_size):
+    batch = [list(p) for p in prompts("random")[:3]]
+    refs = [reference("random", tuple(p), MAX_NEW) for p in batch]
+    stop = refs[1][0]
+    outs, st = speculate.generate(random_target(), batch, NgramDrafter(), max_new_tokens=MAX_NEW, K=4,
+                                  stop_token=stop, batch_size=batch_size)
+    assert outs == [r[:r.index(stop) + 1] if stop in r else r for r in refs]
+    assert outs[1] == [stop] and st["row_passes"][1] == 1  # no pass spent on a finished row
+
+
 # -----------------------------------------------------------------------------
 # the command line, on the committed reference weights
 
@@ -694,3 +712,21 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
                            (["--method", "ngram", "-K", "0"], "K must be >= 1")]:
         r = subprocess.run(cmd + extra, cwd=tmp_path, capture_output=True, text=True)
         assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
+def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypatch, capsys):
+    import os
+    import runpy
+    import sys
+    from data import ROOT
+
+    def cli(*extra):
+        monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram",
+                                          "--prompt", "def f(x):", "--max-new-tokens", "12", "--device", "cpu", *extra])
+        runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
+        return capsys.readouterr().out
+    save_tiny(tmp_path / "t.pt")
+    greedy = cli().split("\n[")[0]
+    top1 = cli("--temperature", "1", "--top-k", "1", "--check")
+    assert top1.split("\n[")[0] == greedy  # sampling from the top 1 is greedy
+    assert "sampled outputs differ by design" in top1
