@@ -396,3 +396,15 @@ def test_sweep_speedup_is_against_ar_at_the_same_batch_size(tmp_path):
                 str(tmp_path / "p.txt"), "--max-new-tokens", "6", "--batch-sizes", "2", "--json", str(tmp_path / "b.json")])
     sweep = json.loads((tmp_path / "b.json").read_text())["batch_sweep"]
     assert [s["speedup"] for s in sweep if s["method"] == "ar"] == [1.0]
+
+
+def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
+    w = tmp_path / "w"
+    save_tiny(w / "target.pt")
+    text = "x = 1\n" * 20
+    (tmp_path / "p.txt").write_text(text)
+    n = len(data.get_encoding().encode_ordinary(data.read_prompts_file(tmp_path / "p.txt")[0]))
+    with pytest.raises(SystemExit):  # n + max_new + 0 drafts + 1 = 257 > 256
+        bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar", "--prompts", str(tmp_path / "p.txt"),
+                    "--max-new-tokens", str(256 - n)])
+    assert "prompt 1 of" in capsys.readouterr().err
