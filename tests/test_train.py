@@ -185,3 +185,35 @@ def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
              "--out-path", str(tmp_path / f"t{lam}.pt"), "--threads", "1", "--device", "cpu"]))
     assert mtps[0] == pytest.approx(mtps[1])  # same seed, same first batch
     assert totals[1] - totals[0] == pytest.approx(0.6 / 2 * mtps[1], rel=1e-4)
+
+
+def test_decay_only_on_matrices_and_the_clip_covers_the_mtp_heads(tmp_path, monkeypatch):
+    """The optimisation settings the resume test cannot see (two runs that share a wrong setting
+    still agree): AdamW decays the matrices only (not the RMSNorm gains), and one clip at
+    --grad-clip per step spans every trained parameter, the native MTP heads included."""
+    import mtp
+    groups, clipped = [], []
+    real_init, real_clip = torch.optim.AdamW.__init__, torch.nn.utils.clip_grad_norm_
+
+    def init(self, params, *a, **k):
+        params = list(params)
+        groups.extend(params)
+        real_init(self, params, *a, **k)
+    monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda p, max_norm, *a, **k: clipped.append((list(p), max_norm)) or real_clip(p, max_norm, *a, **k))
+    heads = []
+    real_mtp_init = mtp.MTP.__init__
+    monkeypatch.setattr(mtp.MTP, "__init__", lambda self, *a, **k: heads.append(self) or real_mtp_init(self, *a, **k))
+    train.main(train.get_parser().parse_args(
+        ["--preset", "tiny", "--max-steps", "2", "--minutes", "5", "--seq-len", "16", "--batch-size", "2",
+         "--eval-batches", "1", "--quality-prompts", "0", "--mtp-depth", "1", "--weight-decay", "0.3",
+         "--grad-clip", "0.7", "--out-path", str(tmp_path / "t.pt"), "--threads", "1", "--device", "cpu"]))
+    decayed = {id(p) for g in groups if g["weight_decay"] == 0.3 for p in g["params"]}
+    kept = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    trained = list(heads[0].parameters())
+    assert decayed and kept and all(p.dim() >= 2 for g in groups for p in g["params"] if id(p) in decayed)
+    assert all(p.dim() < 2 for g in groups for p in g["params"] if id(p) in kept)
+    assert len(clipped) == 2 and all(m == 0.7 for _, m in clipped)
+    clip_ids = {id(p) for p in clipped[0][0]}
+    assert {id(p) for p in trained} <= clip_ids and clip_ids == decayed | kept  # every trained parameter
