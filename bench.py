@@ -44,6 +44,7 @@ from xml.sax.saxutils import escape
 import torch
 
 import data
+import train  # the target's and draft model's trainer; its run_path names every run file
 from model import PRESETS, get_device, load_checkpoint, load_target, weights_hash
 from speculate import METHODS, generate, load_drafter
 
@@ -166,13 +167,11 @@ def find_or_train(args, methods, device, dtype):
         if what == "data":
             data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":
-            import train
             argv = ["--preset", args.preset, "--out-path", target_path, "--minutes", str(MINUTES["target"]),
                     "--quality-prompts", "8", *dev]
             train_resuming(train, what, train.run_path(target_path), argv)
             target = load_target(target_path, device=device, dtype=dtype)
         elif what == "draft":
-            import train
             preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
             draft_path = os.path.join(train_dir, "draft.pt")
             argv = ["--preset", preset, "--out-path", draft_path, "--minutes", str(MINUTES["draft"]),
@@ -181,7 +180,7 @@ def find_or_train(args, methods, device, dtype):
             found["draft"] = train_dir
         else:
             try:
-                import train, train_drafter
+                import train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
                         str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
                 train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, f"{what}.pt")), argv)
