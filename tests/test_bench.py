@@ -234,16 +234,31 @@ def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
     assert calls == [(1, 1)] * 3
 
 
-def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
+# -----------------------------------------------------------------------------
+# find_or_train: which weights are used, and what is trained
+
+def args_for(tmp_path, retrain=False):
+    return argparse.Namespace(weights=None, target=None, retrain=retrain, preset="tiny", out=str(tmp_path / "out"))
+
+
+def committed(tmp_path, monkeypatch):
+    """A committed tiny target under tmp_path/weights, for plans that need no token bins
+    -> (its folder, its hash)."""
     ref = tmp_path / "weights" / "tiny"
-    outw = tmp_path / "out" / "tiny" / "weights"
     save_tiny(ref / "target.pt", seed=0)
-    th = weights_hash(*(lambda t: (t.cfg, t.state_dict()))(load_target(str(ref / "target.pt"))))
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setattr(data, "DATA_OUT", str(tmp_path / "nodata"))  # nothing to train, so no token bins either
+    monkeypatch.setattr(data, "prepare", lambda *a, **k: pytest.fail("nothing to train: no bins needed"))
+    t = load_target(str(ref / "target.pt"))
+    return ref, weights_hash(t.cfg, t.state_dict())
+
+
+def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
+    ref, th = committed(tmp_path, monkeypatch)
+    outw = tmp_path / "out" / "tiny" / "weights"
     for d in (ref, outw):
         save_checkpoint(str(d / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash=th))
-    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
-    args = argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
-    _, path, found, skipped = bench.find_or_train(args, ["ar", "eagle"], torch.device("cpu"), torch.float32)
+    _, path, found, skipped = bench.find_or_train(args_for(tmp_path), ["ar", "eagle"], torch.device("cpu"), torch.float32)
     assert path == str(ref / "target.pt") and found == {"eagle": str(ref)} and not skipped
 
 
@@ -262,7 +277,7 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
         if a.resume and refuse:
             raise ValueError("another target")
     monkeypatch.setattr(train_drafter, "main", main)
-    args = argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
+    args = args_for(tmp_path)
     bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
     outw.mkdir(parents=True, exist_ok=True)
     (outw / "eagle.run.pt").write_bytes(b"")
@@ -295,7 +310,7 @@ def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch
             raise ValueError("torn file")
         save_tiny(a.out_path, seed=0)
     monkeypatch.setattr(train, "main", main)
-    args = argparse.Namespace(weights=None, target=None, retrain=True, preset="tiny", out=str(tmp_path / "out"))
+    args = args_for(tmp_path, retrain=True)
     out.mkdir(parents=True)
     (out / "target.run.pt").write_bytes(b"")
     bench.find_or_train(args, ["ar"], torch.device("cpu"), torch.float32)
@@ -341,10 +356,6 @@ def test_bfloat16_needs_cuda(capsys):
     assert e.value.code == 2 and "--dtype bfloat16 needs --device cuda" in capsys.readouterr().err
 
 
-def args_for(tmp_path):
-    return argparse.Namespace(weights=None, target=None, retrain=False, preset="tiny", out=str(tmp_path / "out"))
-
-
 def test_a_committed_target_of_another_tokenizer_falls_back_to_out(tmp_path, monkeypatch, capsys):
     save_tiny(tmp_path / "weights" / "tiny" / "target.pt", tokenizer="0123456789ab")
     save_tiny(tmp_path / "out" / "tiny" / "target.pt", seed=1)
@@ -359,16 +370,6 @@ def test_a_corrupt_checkpoint_does_not_hide_a_good_one(tmp_path):
     (tmp_path / "a" / "eagle.pt").write_bytes(b"junk")
     save_checkpoint(str(tmp_path / "b" / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
     assert bench.usable("eagle", [str(tmp_path / "a"), str(tmp_path / "b")], "abc") == str(tmp_path / "b")
-
-
-def committed(tmp_path, monkeypatch):
-    ref = tmp_path / "weights" / "tiny"
-    save_tiny(ref / "target.pt", seed=0)
-    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
-    monkeypatch.setattr(data, "DATA_OUT", str(tmp_path / "nodata"))  # nothing to train, so no token bins either
-    monkeypatch.setattr(data, "prepare", lambda *a, **k: pytest.fail("nothing to train: no bins needed"))
-    t = load_target(str(ref / "target.pt"))
-    return ref, weights_hash(t.cfg, t.state_dict())
 
 
 def test_mtp_in_out_weights_is_found_when_the_target_has_no_heads(tmp_path, monkeypatch):
