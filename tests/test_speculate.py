@@ -667,15 +667,24 @@ def test_a_row_whose_first_token_is_the_stop_token_ends_at_its_prefill(batch_siz
 # -----------------------------------------------------------------------------
 # the command line, on the committed reference weights
 
+def run_cli(tmp_path, monkeypatch, capsys, *argv):
+    """speculate.py's command line in this process (so monkeypatches reach it), ngram on the
+    tiny target in tmp_path/t.pt -> what it printed."""
+    import os
+    import runpy
+    import sys
+    from data import ROOT
+    monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram",
+                                      "--device", "cpu", *argv])
+    runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
+    return capsys.readouterr().out
+
+
 def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
     """--check must compare with plain decoding: with an acceptance rule that takes every draft
     it prints False (a check that decoded speculatively twice would print True). Plain decoding
     goes through accept_scan too, with no drafts, where this rule changes nothing."""
-    import os
-    import runpy
-    import sys
     import cuda
-    from data import ROOT
     save_tiny(tmp_path / "t.pt")
     real = cuda.accept_scan
 
@@ -684,10 +693,8 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
         return torch.full_like(n, drafts.shape[1]), nxt
 
     monkeypatch.setattr(cuda, "accept_scan", take_every_draft)
-    monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram", "--prompt",
-                                      "x = 1\nx = 1\n", "--max-new-tokens", "8", "--check", "--device", "cpu"])
-    runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
-    assert "[check] greedy output identical to plain decoding: False" in capsys.readouterr().out
+    out = run_cli(tmp_path, monkeypatch, capsys, "--prompt", "x = 1\nx = 1\n", "--max-new-tokens", "8", "--check")
+    assert "[check] greedy output identical to plain decoding: False" in out
 
 
 def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
@@ -715,18 +722,9 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
 
 
 def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypatch, capsys):
-    import os
-    import runpy
-    import sys
-    from data import ROOT
-
-    def cli(*extra):
-        monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram",
-                                          "--prompt", "def f(x):", "--max-new-tokens", "12", "--device", "cpu", *extra])
-        runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
-        return capsys.readouterr().out
     save_tiny(tmp_path / "t.pt")
-    greedy = cli().split("\n[")[0]
-    top1 = cli("--temperature", "1", "--top-k", "1", "--check")
+    args = ("--prompt", "def f(x):", "--max-new-tokens", "12")
+    greedy = run_cli(tmp_path, monkeypatch, capsys, *args).split("\n[")[0]
+    top1 = run_cli(tmp_path, monkeypatch, capsys, *args, "--temperature", "1", "--top-k", "1", "--check")
     assert top1.split("\n[")[0] == greedy  # sampling from the top 1 is greedy
     assert "sampled outputs differ by design" in top1

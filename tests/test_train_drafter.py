@@ -46,12 +46,17 @@ def test_each_method_trains_saves_and_loads(target_dir, method, capsys):
         speculate.load_drafter(method, other, str(target_dir))
 
 
+def drafter_class(target_dir, method):
+    """The class of method's drafter model, whose loss the tests spy on."""
+    return type(train_drafter.make_drafter_model(method, load_target(str(target_dir / "target.pt")),
+                                                 train_drafter.get_parser().parse_args(["--method", method])))
+
+
 @pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
 def test_continuation_only_scores_from_the_prompt_length(target_dir, method, monkeypatch):
     """By default every label is scored; with --continuation-only every training and evaluation
     loss is told that labels start at --prompt-len."""
-    cls = type(train_drafter.make_drafter_model(method, load_target(str(target_dir / "target.pt")),
-                                                train_drafter.get_parser().parse_args(["--method", method])))
+    cls = drafter_class(target_dir, method)
     seen, real = [], cls.loss
     monkeypatch.setattr(cls, "loss", lambda self, *a, **k: seen.append(k.get("label_from")) or real(self, *a, **k))
     run(target_dir, method)
@@ -288,8 +293,7 @@ def test_the_lr_warms_up_then_decays_to_zero_and_every_step_is_clipped(target_di
 def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir, monkeypatch):
     """10 sequences in batches of 4: each epoch is 2 full batches of 8 different sequences (the
     2 left over sit out that epoch), never a short batch across the epoch boundary."""
-    cls = type(train_drafter.make_drafter_model("mtp", load_target(str(target_dir / "target.pt")),
-                                                train_drafter.get_parser().parse_args(["--method", "mtp"])))
+    cls = drafter_class(target_dir, "mtp")
     batches, real = [], cls.loss
     monkeypatch.setattr(cls, "loss", lambda self, target, tok, *a, **k: (
         self.training and batches.append([tuple(r) for r in tok.tolist()])) or real(self, target, tok, *a, **k))
