@@ -378,8 +378,8 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
-    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp {args.mtp_draft or 'its depth'}, dflash block {args.block_size} "
-          f"(K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
+    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp {args.mtp_draft or 'its depth'}, "
+          f"dflash block {args.block_size} (K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
         if r > REPEAT_WARN:

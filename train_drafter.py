@@ -21,9 +21,10 @@ or `dflash` (draft_diffusion.py).
    the same data and budget; batch size and peak rate per method (RECIPE below: what the
    reference weights used).
 3. The checkpoint, <method>.pt in --out-dir (beside the target; out/<preset>/weights/ for the
-   committed weights/<preset>/target.pt), records the hash of the target it was trained for; loading it against another target is an error. Until a run finishes, it keeps its
-   state (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps,
-   and --resume continues a killed run from there.
+   committed weights/<preset>/target.pt), records the hash of the target it was trained for;
+   loading it against another target is an error. Until a run finishes, it keeps its state
+   (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps, and
+   --resume continues a killed run from there.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
@@ -99,8 +100,9 @@ def get_distill_data(target, args, target_hash):
 # the drafter models, by method
 
 # Per-method defaults of --batch-size, --lr and --loss-decay: the recipe of the reference weights
-# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small batches at a high
-# rate; DFlash kept the paper's rate and batch, and gained from a faster loss decay than its 7.
+# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small batches
+# at a high rate; DFlash kept the paper's rate and batch, and gained from a faster loss decay
+# than its 7.
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
 

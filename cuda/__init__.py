@@ -28,8 +28,8 @@ The first use of each path prints one line saying which path is active and why.
 
 Size: about 1,420 lines (the .cu, .cpp, emu.h, this module and __main__.py) against DESIGN's
 ~400, because every op exists three times on purpose (kernel, bit-exact host loop for CI,
-reference), the self-check is llm.c-style, and emu.h (~220 lines) lets machines without a GPU run the kernels' own code: no session of this
-project has had a GPU so far.
+reference), the self-check is llm.c-style, and emu.h (~220 lines) lets machines without a GPU
+run the kernels' own code: no session of this project has had a GPU so far.
 """
 
 import os
