@@ -201,16 +201,39 @@ def test_tokenizer_hash_covers_the_split_pattern(monkeypatch):
     assert data.tokenizer_hash() != h
 
 
-def test_bins_are_rebuilt_for_another_tokenizer(tmp_path, monkeypatch, capsys):
-    for s in ("a", "b"):
+def tiny_corpus(tmp_path, monkeypatch):
+    """data.corpus_files -> one train file (a.py) and one val file (b.py); c.py waits beside
+    them. Returns the dict, which a test may change."""
+    for s in ("a", "b", "c"):
         (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
-    monkeypatch.setattr(data, "corpus_files", lambda: {"train": [("a", str(tmp_path / "a.py"))],
-                                                       "val": [("b", str(tmp_path / "b.py"))]})
+    files = {"train": [("a", str(tmp_path / "a.py"))], "val": [("b", str(tmp_path / "b.py"))]}
+    monkeypatch.setattr(data, "corpus_files", lambda: files)
+    return files
+
+
+def test_bins_are_rebuilt_for_another_tokenizer(tmp_path, monkeypatch, capsys):
+    tiny_corpus(tmp_path, monkeypatch)
     out = str(tmp_path / "out")
     assert data._prepare(out, False)["tokenizer_hash"] == data.tokenizer_hash()
     monkeypatch.setattr(data, "tokenizer_hash", lambda path=None: "another")
     meta = data._prepare(out, False)
     assert meta["tokenizer_hash"] == "another" and "rebuilding" in capsys.readouterr().out
+
+
+def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, monkeypatch, capsys):
+    files = tiny_corpus(tmp_path, monkeypatch)
+    out = str(tmp_path / "out")
+    data._prepare(out, False)
+    os.remove(os.path.join(out, "data", "val.bin"))
+    data._prepare(out, False)
+    assert "rebuilding" in capsys.readouterr().out and os.path.exists(os.path.join(out, "data", "val.bin"))  # a missing bin
+    files["train"].append(("c", str(tmp_path / "c.py")))
+    assert data._prepare(out, False)["files"]["train"] == 2  # another corpus
+    monkeypatch.setattr(data, "_prepared", {})
+    files["train"].pop()
+    assert data.prepare(out, rebuild=True)["files"]["train"] == 1
+    files["train"].append(("c", str(tmp_path / "c.py")))
+    assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
 def test_a_cut_near_the_end_of_a_file_is_skipped(monkeypatch):
@@ -228,22 +251,3 @@ def test_heldout_samples_spread_over_the_three_roots():
 
 def test_heldout_prompts_takes_the_seed():
     assert data.heldout_prompts(5, seed=1) == [p for p, _ in data.heldout_samples(5, seed=1)]
-
-
-def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, monkeypatch, capsys):
-    for s in ("a", "b", "c"):
-        (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
-    files = {"train": [("a", str(tmp_path / "a.py"))], "val": [("b", str(tmp_path / "b.py"))]}
-    monkeypatch.setattr(data, "corpus_files", lambda: files)
-    out = str(tmp_path / "out")
-    data._prepare(out, False)
-    os.remove(os.path.join(out, "data", "val.bin"))
-    data._prepare(out, False)
-    assert "rebuilding" in capsys.readouterr().out and os.path.exists(os.path.join(out, "data", "val.bin"))  # a missing bin
-    files["train"].append(("c", str(tmp_path / "c.py")))
-    assert data._prepare(out, False)["files"]["train"] == 2  # another corpus
-    monkeypatch.setattr(data, "_prepared", {})
-    files["train"].pop()
-    assert data.prepare(out, rebuild=True)["files"]["train"] == 1
-    files["train"].append(("c", str(tmp_path / "c.py")))
-    assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
