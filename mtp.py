@@ -112,12 +112,12 @@ class MTPDrafter:
 
     def __init__(self, target, mtp, n_draft=None, margin=0.0, sample=True):
         self.target, self.mtp = target, mtp
-        self.n_draft = mtp.depth if n_draft is None else n_draft
-        if not 1 <= self.n_draft <= mtp.depth:
-            raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, not {self.n_draft}")
+        n_draft = mtp.depth if n_draft is None else n_draft
+        if not 1 <= n_draft <= mtp.depth:
+            raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, not {n_draft}")
         self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
-        self.default_K = self.max_K = self.n_draft  # one draft per module, no more
+        self.default_K = self.max_K = n_draft  # one draft per module, no more
 
     def params(self):
         return self.mtp.n_params()
@@ -182,7 +182,7 @@ class MTPDrafter:
             drafts.append(d)
             qs += [q] if q is not None else []
             ext[rows, n - 1 + k] = d
-            if self.margin > 0 and k < self.n_draft:   # confidence gate: stop when unsure
+            if self.margin > 0 and k < self.max_K:     # confidence gate: stop when unsure
                 top2 = logits.float().topk(2, -1).values
                 if bool((top2[:, 0] - top2[:, 1] < self.margin).all()):
                     break

@@ -293,7 +293,7 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
     drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
-    assert (drafter.mtp.depth, drafter.n_draft, drafter.margin) == (2, 1, 0.5)
+    assert (drafter.mtp.depth, drafter.max_K, drafter.margin) == (2, 1, 0.5)
     with pytest.raises(ValueError, match="mtp has 2 modules"):  # bench dies with it (see --mtp-draft)
         mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=3)
 
