@@ -214,11 +214,14 @@ def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
     assert "(round 3/3)" in capsys.readouterr().out
 
 
-def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file):
+def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file, tmp_path):
+    js = tmp_path / "bench.json"
     rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
-                       "--prompts", str(prompts_file), "--max-new-tokens", "12", "--batch-size", "2"])
+                       "--prompts", str(prompts_file), "--max-new-tokens", "12", "--batch-size", "2", "--json", str(js)])
     ar = rows[0]
     assert ar["new_tokens"] == 24 and ar["verify_passes"] == 12  # one pass commits a token for both rows
+    report = json.loads(js.read_text())
+    assert report["results"] == rows and set(report) == {"config", "machine", "results"}  # no sweep asked for
 
 
 def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
