@@ -17,7 +17,8 @@ import os
 import pytest
 
 import speculate
-from data import WEIGHTS_DIR, get_encoding, heldout_prompts
+from draft_diffusion import DFlash
+from data import MASK, WEIGHTS_DIR, get_encoding, heldout_prompts
 from model import load_target
 
 W = os.path.join(WEIGHTS_DIR, "cpu")
@@ -47,3 +48,11 @@ def test_each_committed_drafter_keeps_its_acceptance(setup, method, T, measured,
     _, st = speculate.generate(target, prompts, drafter, max_new_tokens=48, K=K, temperature=T, seed=0,
                                batch_size=1)
     assert st["tau"] >= floor, f"{method} T={T}: tau {st['tau']:.2f} (measured {measured})"
+
+
+def test_committed_dflash_fills_its_block_with_the_tokenizers_mask(setup):
+    """The masked slots must hold <|mask|> (DFlash's default is the last id, which data.py makes
+    it): a block of any other token drafts in another input distribution than it trained on."""
+    mask = get_encoding().encode_single_token(MASK)
+    assert speculate.load_drafter("dflash", setup[0], W).dflash.mask_id == mask  # the committed one
+    assert DFlash(setup[0].cfg).mask_id == mask                                   # what train_drafter makes
