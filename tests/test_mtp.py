@@ -19,7 +19,7 @@ import torch
 
 import speculate
 from model import generate as naive_generate, save_checkpoint
-from mtp import MTP, MTPDrafter
+from mtp import MTP, MTPDrafter, PostHocMTP
 import mtp as mtp_lib
 from test_model import tiny_model
 from test_speculate import SAMPLE_PROMPT, sampled_tv, sampling_target
@@ -203,6 +203,13 @@ def test_training_losses_are_the_inference_modules_cross_entropies(label_from):
         want = torch.nn.functional.cross_entropy(logits[scored], torch.tensor(seq[k + 1:N])[scored])
         assert torch.allclose(losses[k - 1], want, atol=1e-5), k
         assert int(counts[k - 1]) == int(scored.sum())
+    # train_drafter's post-hoc modules (same weights) train on the mean over depths, as the recipe
+    # was tuned with: a sum scales every gradient by the depth against the fixed grad clip
+    post = PostHocMTP(target.cfg, DEPTH)
+    post.load_state_dict(heads.state_dict())
+    _, feats = target(torch.tensor([seq]), hidden_layers=post.hidden_layers)
+    loss, _ = post.loss(target, torch.tensor([seq]), feats[0], label_from)
+    assert torch.allclose(loss, torch.stack(losses).mean(), atol=1e-6)
 
 
 @torch.no_grad()
