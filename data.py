@@ -210,7 +210,7 @@ def _prepare(out_dir, rebuild):
                 parts.append(np.array(ids + [enc.eot_token], dtype=np.uint16))
             print(f"data: {split} {min(i + 256, len(docs))}/{len(docs)} files, {time.time() - t0:.1f}s", end="\r")
         tokens = np.concatenate(parts)
-        # write next to the target and rename, so an interrupted run never leaves a half bin
+        # write a .tmp beside the bin and rename, so an interrupted run never leaves a half bin
         arr = np.memmap(paths[split] + ".tmp", dtype=np.uint16, mode="w+", shape=tokens.shape)
         arr[:] = tokens
         arr.flush(); del arr

@@ -3,13 +3,14 @@ DFlash: a block-diffusion drafter with target-feature KV injection
 (Chen, Liang, Liu, "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036).
 
 An autoregressive drafter pays one forward pass per draft token. DFlash fills a whole block
-in ONE pass: the block is [x_last, <|mask|> x (B-1)] at positions s..s+B-1, it attends to
+in ONE pass: the block is [x_last, <|mask|> x (S-1)] at positions s..s+S-1, it attends to
 itself bidirectionally (no mask), and the output at slot k is the draft for position s+k
-(same position, not shifted), so one pass yields B-1 drafts and one verify covers B tokens.
+(same position, not shifted), so one pass yields S-1 drafts and one verify covers S tokens
+(S is the block size, the paper's B = 16; B is the batch here, as everywhere in this repo).
 
 What makes a few small layers good enough is the conditioning. The target's hidden states
 at n layers spread over its depth are concatenated and projected (Linear n*C -> C, RMSNorm)
-into a context feature c_t per committed position t, and in EVERY drafter layer they are
+into a context feature c_t per position t the target has fed, and in EVERY drafter layer they are
 injected as keys and values through that layer's own projections:
 
     q = W_q x_block      k = [k_norm(W_k c_{0..s-1}) ; k_norm(W_k x_block)]      (RoPE at
@@ -48,8 +49,8 @@ import torch.nn.functional as F
 
 from model import Block, RMSNorm, apply_rope, draw, logits_to_probs, weights_hash, load_checkpoint
 
-# loss decay per block size (paper); train_drafter's recipe passes 4 at every block size (for
-# B = 16 it beat 7)
+# loss decay per block size S (paper); train_drafter's recipe passes 4 at every block size
+# (for S = 16 it beat 7)
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -68,7 +69,7 @@ class DFlash(nn.Module):
         super().__init__()
         self.cfg, self.block_size, self.n_anchors = cfg, block_size, anchors  # anchors per sequence
         self.gamma = gamma or GAMMA.get(block_size, 7.0)  # loss decay along the block
-        self.n_layer, self.n_features = n_layer, n_features
+        self.n_layer, self.n_features = n_layer, n_features  # the drafter's own layers (cfg.n_layer: the target's)
         self.hidden_layers = feature_layers(cfg.n_layer, n_features)
         self.mask_id = cfg.vocab_size - 1 if mask_id is None else mask_id  # <|mask|> is the last id
         self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)
@@ -185,9 +186,10 @@ class DFlash(nn.Module):
 
 class DFlashDrafter:
     """The drafter interface of speculate.py. Its state is the per-layer cache of context K/V
-    for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's)."""
+    for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's).
+    When sampling, each slot's draft is drawn from its own q (sample=False: argmax drafts)."""
 
-    def __init__(self, target, dflash, block_size=None, sample=False):
+    def __init__(self, target, dflash, block_size=None, sample=True):
         bs = block_size or dflash.block_size
         if not 2 <= bs <= dflash.block_size:
             raise ValueError(f"block size {bs} is outside what the drafter was trained for (2..{dflash.block_size})")
@@ -210,7 +212,7 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        """Project the newly committed positions' features and inject them into every layer's
+        """Project the newly fed positions' features and inject them into every layer's
         context cache at each row's own offset (RoPE applied at the absolute positions)."""
         import cuda
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
@@ -223,16 +225,16 @@ class DFlashDrafter:
         """Row b's context cache restarts with the new prompt's features (one kv_inject that
         writes row b only: the other rows get zero new positions)."""
         import cuda
-        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, P, H, D)
-        P = k.shape[2]
-        new_k = k.new_zeros(k.shape[0], len(n), *k.shape[2:])      # (L, B, P, H, D), row b only
+        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, fed, H, D)
+        fed = k.shape[2]
+        new_k = k.new_zeros(k.shape[0], len(n), *k.shape[2:])      # (L, B, fed, H, D), row b only
         new_v = torch.zeros_like(new_k)
         new_k[:, b], new_v[:, b] = k[:, 0], v[:, 0]
         counts = torch.zeros_like(self.ctx_len)
-        counts[b] = P
+        counts[b] = fed
         self.ctx_len[b] = 0
         cuda.kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos, self.target.rope_sin)
-        self.ctx_len[b] = P
+        self.ctx_len[b] = fed
 
     @torch.no_grad()
     def block_logits(self, tokens, n, S):

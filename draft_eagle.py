@@ -230,7 +230,8 @@ class EagleDrafter:
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         # NOTE: drafting writes up to K positions past n. Should a row sit too close to the end
         # of the buffers (a finished row riding along), draft it from an earlier, still exact,
-        # point instead: its drafts are ignored. speculate.generate leaves enough headroom.
+        # point instead: its drafts are ignored. Defensive only: speculate.generate reserves
+        # K+1 positions of headroom, so this never binds there.
         n = n.clamp(max=tokens.shape[1] - K - 1)
         h, logits = self.catch_up(tokens, n)
         drafts, qs = [], []

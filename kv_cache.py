@@ -13,8 +13,10 @@ Appending T positions to row b writes at lengths[b] .. lengths[b]+T-1. Rollback 
 hidden by the mask and later overwritten, which is why the mask is derived from the lengths
 and never from what the buffer happens to contain.
 
-The same class serves the target, the small draft model, the MTP modules and the EAGLE drafter. Typical use
-inside a model's forward:
+The same class serves the target, the small draft model, the MTP modules and the EAGLE drafter.
+(DFlash keeps only its context K/V, in plain buffers of this layout: cuda.kv_inject writes all
+its layers at once, and its block is recomputed every pass.) Typical use inside a model's
+forward:
 
     pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
     for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
@@ -38,10 +40,6 @@ class KVCache:
         self.max_len = max_len
         self._keys = None  # number of key positions this forward reads, set by positions()
         self._mask = None  # this forward's attention mask, shared by all layers, set by positions()
-
-    @property
-    def batch_size(self):
-        return self.lengths.shape[0]
 
     def positions(self, T):
         """Absolute positions (B, T) of T new tokens appended to every row; also fixes this
@@ -74,7 +72,8 @@ class KVCache:
         return self._mask
 
     def advance(self, T):
-        """Commit T new positions (int or (B,) tensor) after all layers were written."""
+        """Count T new positions (int or (B,) tensor) as cached once every layer has written
+        them; a verify pass's drafts included (rollback() drops the rejected ones)."""
         self.lengths = self.lengths + T
 
     def rollback(self, new_lengths):

@@ -93,9 +93,9 @@ def apply_rope(x, cos, sin):
 
 class Attention(nn.Module):
     """Grouped-query self-attention with per-head q/k RMSNorm and RoPE.
-    The projections are exposed (wq, wk, wv, wo, q_norm, k_norm) because the DFlash drafter's
-    own layers (this class, its own weights) use them to project the target's context features
-    into keys and values."""
+    The projections are exposed (wq, wk, wv, wo, q_norm, k_norm; project_q, project_kv) because
+    the drafters' own layers (this class, their own weights) reuse them: DFlash to project the
+    target's context features into keys and values, EAGLE for its training-time-test attention."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -233,8 +233,9 @@ class Transformer(nn.Module):
 
 def logits_to_probs(logits, temperature=1.0, top_k=None):
     """Warp logits (..., V) into the distribution that decoding samples from: divide by the
-    temperature, keep the top_k largest, softmax. Speculative decoding applies the very same
-    warp to both p (target) and q (draft), or the output distribution would change."""
+    temperature, keep the top_k largest, softmax. Speculative decoding must warp the target's p
+    exactly like this, or its output would not be plain decoding's. The drafters warp their q
+    the same way; losslessness holds for any q, but a q close to p gets more drafts accepted."""
     logits = logits.float() / max(temperature, 1e-8)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]

@@ -20,13 +20,16 @@ and is the first token of the next verify pass.
 
 The drafter interface (the one seam of this repo; ngram and draft live here, mtp.py,
 draft_eagle.py and draft_diffusion.py hold the others):
-    hidden_layers                 target layers whose hidden states the drafter needs
+    hidden_layers                 target layers whose hidden states the drafter needs; feats
+                                  below are those states concatenated (F = C per layer)
     prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for the padded prompts
                                   (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
                                   K' <= K; q None means the drafts are argmax picks (q one-hot)
-    update(tokens, n, feats, n_new)  feats (B, K'+1, F) of the verify pass, n_new (B,) of them
-                                  are now committed (accepted + 1); tokens/n already updated
+    update(tokens, n, feats, n_new)  feats (B, K'+1, F) of the verify pass; its first n_new (B,)
+                                  positions are now fed for good (the old pending token and the
+                                  accepted drafts; the emitted token has no features yet);
+                                  tokens/n already updated
     refill(b, tokens, n, feats)   row b holds a new prompt (continuous batching): tokens[b, :n[b]]
                                   committed, the first n[b]-1 fed, feats (1, n[b]-1, F) theirs;
                                   forget the old prompt and catch up on this one, on row b alone
@@ -55,9 +58,10 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
 
     p        (B, K+1, V)  target: raw logits when greedy (uniforms is None), else the warped
-                          probabilities (same temperature / top-k as q)
+                          probabilities (the warp plain decoding samples from)
     drafts   (B, K)       draft tokens d_1..d_K
-    q        (B, K, V)    draft probabilities, or None when the drafts were argmax picks
+    q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
+                          argmax picks
     uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
                           emitted token by inverse CDF; None means greedy
     returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
@@ -124,17 +128,17 @@ def ragged_positions(start, last):
     return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
 
 
-def feed_ragged(model, cache, tokens, n, hidden_layers=()):
+def feed_ragged(model, cache, tokens, n):
     """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
     padded pass; return the logits (B, V) at each row's last real token (junk for a row with
-    nothing to feed), the features of the pass and where each row's feed started (B,)."""
+    nothing to feed)."""
     start = cache.lengths.clone()
     idx = ragged_positions(start, n - 1)                                    # (B, m)
-    logits, hidden = model(tokens.gather(1, idx), cache, hidden_layers=hidden_layers)
+    logits, _ = model(tokens.gather(1, idx), cache)
     cache.rollback(n)
     # a finished row (n == start) feeds nothing real: clamp its index to the (junk) first slot
     last = (n - 1 - start).clamp(min=0)[:, None, None]
-    return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0], hidden, start
+    return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]
 
 
 def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
@@ -147,12 +151,12 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
 
 
 class NgramDrafter:
-    """Prompt lookup decoding: find the latest earlier occurrence of the last `n` committed
+    """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
     tokens (falling back to shorter n-grams) and propose the K tokens that followed it."""
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
-        self.n, self.min_n = n, min_n
+        self.max_n, self.min_n = n, min_n
 
     def prefill(self, tokens, n, feats):
         pass
@@ -164,15 +168,15 @@ class NgramDrafter:
         pass
 
     def _lookup(self, seq, K):
-        for n in range(min(self.n, len(seq) - 1), self.min_n - 1, -1):
-            key = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):  # latest occurrence first
-                if seq[start:start + n] == key:
+        for m in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            key = seq[-m:]
+            for start in range(len(seq) - m - 1, -1, -1):  # latest occurrence first
+                if seq[start:start + m] == key:
                     # copy what followed; past the end of seq keep copying from the copy itself,
                     # so a short cycle (a repeating line, a loop) fills all K drafts
                     ext = list(seq)
                     for i in range(K):
-                        ext.append(ext[start + n + i])
+                        ext.append(ext[start + m + i])
                     return ext[len(seq):]
         return [seq[-1]] * K
 
@@ -206,7 +210,7 @@ class ModelDrafter:
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        logits, _, _ = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
+        logits = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
         drafts, qs = [], []
         for i in range(K):
             d, q = draft_token(logits, temperature, top_k, generator, self.sample)
@@ -235,7 +239,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     a row whose prompt is done starts the next waiting one (continuous batching), so rows do
     not idle while the slowest of a fixed batch finishes.
     Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded), one per
-    prompt in order."""
+    prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
     if not prompts or any(len(pr) == 0 for pr in prompts):
         raise ValueError("empty prompt list or empty prompt")
     if not temperature >= 0:  # NaN too
@@ -274,6 +278,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     n = lens.clone()
     cache = target.new_cache(B, max_len=T_max)
     layers = drafter.hidden_layers if drafter is not None else ()
+    # the prompt pass counts as a pass that yields one token (so plain decoding's tau is exactly
+    # 1); verify_s also holds the drafter's prefill/update work, draft_s only its proposing;
+    # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
     stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * B + [0] * (len(prompts) - B),
                  accepted_per_position=[0] * K, attempts_per_position=[0] * K)
 
@@ -336,14 +343,14 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         else:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
-        Kd = drafts.shape[1]
+        Kd = drafts.shape[1]  # K' <= K: MTP's confidence gate may draft fewer
         _sync(device); t1 = time.perf_counter()
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
         x = torch.cat([tokens[rows, n - 1][:, None], drafts], 1)  # (B, K+1)
         logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K+1, V)
         # 3-4. accept a prefix of the drafts, then one token of the target's own
         if sampling:
-            p = logits_to_probs(logits, temperature, top_k)       # warp p exactly as q was warped
+            p = logits_to_probs(logits, temperature, top_k)       # warp p exactly as pick() does
             u = torch.rand(B, Kd + 1, device=device, generator=g)
             n_acc, nxt = accept_scan(p, drafts, q, u)
         else:

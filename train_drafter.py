@@ -11,9 +11,9 @@ or `dflash` (draft_diffusion.py).
    the benchmark runs at both temperatures and a weak target's greedy text loops.
 2. Training: the target stays frozen (embedding and head included); its hidden states on the
    distillation data are computed once and kept in memory. Every drafter model exposes the
-   same two things:
-   `hidden_layers` (which target layers it reads) and `loss(target, tokens, feats, label_from)`
-   -> (loss, stats) with per-position top-1 agreement counts. By default the corpus prompt's
+   same three things: `hidden_layers` (which target layers it reads), `loss(target, tokens,
+   feats, label_from)` -> (loss, stats) with per-position top-1 agreement counts, and
+   `config_dict()` (what its checkpoint needs to rebuild it). By default the corpus prompt's
    next tokens are scored too (label_from = 0), although no draft is ever checked against
    them; --continuation-only scores the target's text alone, as the papers do (label_from =
    --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW,
@@ -253,7 +253,7 @@ def main(args):
         lr = args.lr * (frac / warm if frac < warm else 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm))))
         for group in opt.param_groups:
             group["lr"] = lr
-        if step // per_epoch > epoch:  # new epoch: new order (and new anchors)
+        if step // per_epoch > epoch:  # new epoch: new order (DFlash redraws its anchors every step anyway)
             epoch += 1
             perm = torch.randperm(len(train), generator=order)
         j = (step % per_epoch) * args.batch_size
