@@ -87,7 +87,8 @@ def built(request):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", KV_SHAPES + [(4, 7, 2, 64, 256, 16)])
+# the last shape has 12 rotation pairs, fewer than one block: a grid size rounded down launches none
+@pytest.mark.parametrize("shape", KV_SHAPES + [(4, 7, 2, 64, 256, 16), (1, 2, 1, 4, 8, 3)])
 def test_kv_inject_built(built, shape, dtype):
     args = make_kv_case(*shape, dtype=dtype, seed=2)
     ref_k, ref_v = args[0].clone(), args[1].clone()
@@ -312,19 +313,73 @@ def emu():
         pytest.skip(f"the emulation did not build on {sys.platform}: {e}")
 
 
-def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu):
-    """Out-of-range offsets are checked in the kernel, not on the host (no sync): the row is
-    never written and a device-side assert is raised after the launch."""
-    args = make_kv_case(2, 3, 2, 16, 20, 4, seed=7)
-    args[4][1], args[5][1] = 18, 4  # row 1 would write slots 18..21 with T_max = 20
+BAD_ROWS = {  # row b made to fall outside the cache or the RoPE tables: (b, offset, count, P)
+    "past_the_cache": (1, 18, 4, 20),     # slots 18..21 with T_max = 20
+    "negative_offset": (1, -1, 3, 20),
+    "count_over_T_new": (1, 0, 5, 20),    # T_new = 4
+    "short_rope_tables": (2, 16, 4, 19),  # the last row needs positions up to 19
+}
+
+
+@pytest.mark.parametrize("bad", BAD_ROWS)
+def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu, bad):
+    """Bad offsets/counts (each of the kernel's four bounds tests): row skipped, device-side assert."""
+    b, offset, count, P = BAD_ROWS[bad]
+    args = list(make_kv_case(2, 3, 2, 16, 20, 4, seed=7))  # offsets (16, 0, 16), counts (0, 3, 4)
     ref_k, ref_v = args[0].clone(), args[1].clone()
     counts_ok = args[5].clone()
-    counts_ok[1] = 0
-    cuda.kv_inject_ref(ref_k, ref_v, *args[2:5], counts_ok, *args[6:])  # the same call without row 1
+    counts_ok[b] = 0
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:5], counts_ok, *args[6:])  # the same call without row b
+    args[4][b], args[5][b] = offset, count
+    args[6], args[7] = args[6][:P], args[7][:P]
     with pytest.raises(RuntimeError, match="device-side assert"):
         emu.kv_inject(*args)
-    assert args[0][:, 1].isnan().all() and args[1][:, 1].isnan().all()  # nothing of row 1 written
+    assert args[0][:, b].isnan().all() and args[1][:, b].isnan().all()  # nothing of row b written
     assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+def test_kv_inject_emulated_kernel_writes_nothing_past_the_tensors(emu):
+    """Catches writes past the caches (a grid-stride bound idx <= N reaches l = L): NaN tails stay NaN."""
+    args = list(make_kv_case(2, 1, 2, 16, 20, 4, seed=3))  # B = 1: row 0 has tokens, the index past the end maps to it
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    bufs = [torch.cat([a.flatten(), torch.full_like(a.flatten(), 0.0 if i >= 2 else float("nan"))])
+            for i, a in enumerate(args[:4])]  # new_k, new_v tails 0: a read past them writes a number
+    args[:4] = [buf[:a.numel()].view(a.shape) for buf, a in zip(bufs, args[:4])]
+    emu.kv_inject(*args)
+    assert bufs[0][args[0].numel():].isnan().all() and bufs[1][args[1].numel():].isnan().all()
+    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+KV_GRID_MAIN = r"""
+#include <cstdio>
+#include <vector>
+int main() {  // 1,200 rotation pairs, more than the 2 blocks of 256 threads the lowered cap allows
+  const int64_t L = 1, B = 2, H = 3, D = 8, T = 50, N = L * B * H * T * D;
+  std::vector<float> ck(N, NAN), cv(N, NAN), nk(N), nv(N), cs(T * D / 2, 1.0f), sn(T * D / 2, 0.0f);
+  for (int64_t x = 0; x < N; x++) nk[x] = nv[x] = (float)x;  // cos 1, sin 0: K is copied unrotated
+  std::vector<int64_t> off(B, 0), cnt(B, T);
+  kv_inject_cuda(ck.data(), cv.data(), nk.data(), nv.data(), off.data(), cnt.data(), cs.data(), sn.data(),
+                 L, B, H, T, D, T, T, c10::ScalarType::Float, 0);
+  double sum_k = 0, sum_v = 0;
+  int unwritten = 0;
+  for (int64_t x = 0; x < N; x++) unwritten += std::isnan(ck[x]) + std::isnan(cv[x]), sum_k += ck[x], sum_v += cv[x];
+  std::printf("unwritten %d sums %.0f %.0f\n", unwritten, sum_k, sum_v);
+}
+"""
+
+
+def test_kv_inject_emulated_grid_stride_covers_pairs_beyond_the_grid(emu, tmp_path):
+    """Catches a one-pass grid-stride loop: the grid cap (2^16 blocks) lowered to 2 in the emulated source."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+    src = (cuda.BUILD_ROOT / "dflash_ext_emu" / "kv_inject_emu.cpp").read_text()  # written by cuda.load_emu
+    assert src.count("1 << 16") == 1
+    (tmp_path / "t.cpp").write_text(src.replace("1 << 16", "2") + KV_GRID_MAIN)
+    lib = library_paths()[0]
+    subprocess.run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", f"-I{include_paths()[0]}", "t.cpp", "-o", "t",
+                    f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"], cwd=tmp_path, check=True)
+    out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60).stdout
+    assert out.split() == ["unwritten", "0", "sums", "2878800", "2878800"]  # 0 + 1 + ... + 2399, twice
 
 
 def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(emu):
@@ -349,6 +404,47 @@ def test_accept_scan_emulated_kernels(emu, shape, mode, version):
         p[-1, 0, [5, 9]] = float("nan")
         assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, None, None, version),
                                                      cuda.accept_scan_ref(p, drafts)))
+
+
+@pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
+def test_accept_scan_emulated_greedy_bonus_ignores_the_next_rows_draft(emu, version):
+    """Catches a bonus position compared with drafts[b, K], which is the next row's first draft."""
+    p = torch.zeros(2, 2, 97)
+    p[0, 0, 3] = p[0, 1, 7] = p[1, 0, 5] = p[1, 1, 2] = 1.0  # argmaxes: row 0 (3, 7), row 1 (5, 2)
+    drafts = torch.tensor([[3], [7]])  # row 0 accepts its draft, then emits its bonus 7 = row 1's draft
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, None, version)] == [[1, 0], [7, 5]]
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts)] == [[1, 0], [7, 5]]
+
+
+def test_accept_scan_emulated_kernel_samples_right_of_a_cdf_tie(emu):
+    """Catches >= for > in the inverse CDF: u * total equal to a running sum picks the next token."""
+    p = torch.tensor([[[0.5, 0.25, 0.125, 0.125], [0.25] * 4]])
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])  # draft 0 rejected: residual cdf 0, .25, .375, .5
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[0], [2]]  # target .25 = cdf[1]
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[0], [2]]
+
+
+def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
+    """Catches a residual clamp that zeroes NaN or a token not clamped to V - 1 (a NaN CDF gives V - 1)."""
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q", seed=8)
+    n = cuda.accept_scan_ref(p, drafts, q, u)[0]
+    for b in range(3):  # a NaN in each row's emitted distribution, at a token no draft of the row is
+        p[b, n[b], next(j for j in range(97) if j not in drafts[b])] = float("nan")
+    n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+    assert torch.equal(n_ref, n) and nxt_ref.tolist() == [96] * 3
+    assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, q, u, 1), (n_ref, nxt_ref)))
+
+
+def test_accept_scan_emulated_kernel_rounds_running_sums_once(emu):
+    """Catches a tile scan that rounds the carry and the tile's prefix to float32 apart, not their sum once."""
+    # not quantized, but every partial sum here is exact in double, so all summation orders agree
+    p = torch.zeros(1, 2, 1024)
+    p[0, 0, 3] = 1.0                             # draft 3 accepted: the bonus row is sampled
+    p[0, 1] = 2.0 ** -30
+    p[0, 1, 0] = 0.5                             # near 0.5, float32 steps by 2^-24: 64 tokens
+    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -20]])  # target 0.5 + 2^-21
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [545]]  # 544 if rounded twice
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [545]]
 
 
 def test_dflash_end_to_end_emulated_kernels(emu, monkeypatch):
