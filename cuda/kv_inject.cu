@@ -22,7 +22,9 @@
 //            until a profile says otherwise (a vectorised 16-byte variant is the next step).
 // Bounds: offsets/counts are on the device, so they are checked here, not on the host (a
 // host check would cost a sync per call): a row that would write outside the cache or the
-// RoPE tables is skipped and trips a device-side assert, as torch's own index kernels do.
+// RoPE tables, or whose count is outside [0, T_new], is skipped and trips a device-side
+// assert, as torch's own index kernels do. (The same checks as the host path's, on every row;
+// only with T_new = 0, when nothing is launched, does a bad offset pass unnoticed.)
 //
 // Self-check (validates against the reference, then times): python -m cuda --op kv_inject
 // Compile check only: nvcc -arch=sm_90 -c cuda/kv_inject.cu (see cuda.nvcc_check)
@@ -59,10 +61,11 @@ __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __re
     r /= T_new;
     const int64_t b = r % B, l = r / B;
     const int64_t count = counts[b], off = offsets[b];
-    if (t >= count) continue;  // padding of a short row: untouched
-    const bool ok = count <= T_new && off >= 0 && off + count <= T_max && off + count <= P;
+    // the host path's checks, on every row (one with no new tokens too), before the padding skip
+    const bool ok = count >= 0 && count <= T_new && off >= 0 && off + count <= T_max && off + count <= P;
     CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or the RoPE tables");
-    if (!ok) continue;  // never write out of bounds, even with device asserts compiled out
+    if (!ok) continue;         // never write out of bounds, even with device asserts compiled out
+    if (t >= count) continue;  // padding of a short row: untouched
     const int64_t pos = off + t;
     const int64_t src = (((l * B + b) * T_new + t) * H + h) * D;    // new_k[l, b, t, h, :]
     const int64_t dst = (((l * B + b) * H + h) * T_max + pos) * D;  // cache[l, b, h, pos, :]

@@ -317,13 +317,15 @@ BAD_ROWS = {  # row b made to fall outside the cache or the RoPE tables: (b, off
     "past_the_cache": (1, 18, 4, 20),     # slots 18..21 with T_max = 20
     "negative_offset": (1, -1, 3, 20),
     "count_over_T_new": (1, 0, 5, 20),    # T_new = 4
+    "negative_count": (1, 0, -1, 20),
+    "nothing_new_at_a_negative_offset": (0, -5, 0, 20),  # checked although nothing is written
     "short_rope_tables": (2, 16, 4, 19),  # the last row needs positions up to 19
 }
 
 
 @pytest.mark.parametrize("bad", BAD_ROWS)
 def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu, bad):
-    """Bad offsets/counts (each of the kernel's four bounds tests): row skipped, device-side assert."""
+    """Bad offsets/counts (each of the kernel's bounds tests): row skipped, device-side assert."""
     b, offset, count, P = BAD_ROWS[bad]
     args = list(make_kv_case(2, 3, 2, 16, 20, 4, seed=7))  # offsets (16, 0, 16), counts (0, 3, 4)
     ref_k, ref_v = args[0].clone(), args[1].clone()
