@@ -21,14 +21,17 @@
 //     device-side assert (the kernel itself carries on, as its own guards expect).
 // A barrier that some threads never reach (a __syncthreads in divergent code, a shuffle that
 // part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so.
+// DFLASH_EMU_SCHEDULE=eager changes the order (see eager_schedule below): a warp runs on as soon
+// as its lanes meet, and blocks run last to first. The tests run the kernels under both orders.
 //
 // What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
 // grid-stride and ticket patterns, and the float results: __fmul_rn and friends round to
 // nearest like plain float arithmetic under -ffp-contract=off, and the scans add in the order
 // the GPU does, so the bits are the GPU's unless nvcc contracts an expression into an FMA (the
 // kernels leave none on a compared path). What it cannot: the memory model across concurrent
-// blocks, real warp scheduling, timing. Not reentrant (one launch at a time), and slow: one
-// fiber switch per thread per barrier. Fine for test shapes, meaningless for timing.
+// blocks, schedules other than its two orders, timing. Not reentrant (one launch at a time),
+// and slow: one fiber switch per thread per barrier. Fine for test shapes, meaningless for
+// timing.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -41,6 +44,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -93,9 +97,37 @@ inline void device_assert(const char* cond, const char* file, int line) {
     assert_message = std::string(file) + ":" + std::to_string(line) + ": device-side assert failed: " + cond;
 }
 
+inline void resume(int t) {
+  current = t, thread_idx = dim3(t);
+  swapcontext(&scheduler, &fibers[t].ctx);
+}
+
+// warp w's lanes go on if every live one waits at a shuffle; true if they did
+inline bool release_warp(int w) {
+  int lanes = 0, at_warp = 0;
+  for (int t = 32 * w; t < 32 * w + 32; t++)
+    lanes += fibers[t].state != EXITED, at_warp += fibers[t].state == AT_WARP_SYNC;
+  if (at_warp == 0 || at_warp != lanes) return false;
+  for (int t = 32 * w; t < 32 * w + 32; t++)
+    if (fibers[t].state == AT_WARP_SYNC) fibers[t].state = RUNNING;
+  return true;
+}
+
+// DFLASH_EMU_SCHEDULE=eager: a warp whose lanes have all reached a shuffle runs on at once, up
+// to the next __syncthreads, before the threads after it have run at all, and blocks run last to
+// first. The default (in order) runs every thread up to its next barrier first, so one warp
+// never overtakes another, and the blocks run first to last. A kernel that is right under both
+// does not rely on either order: eager breaks a missing barrier before shared memory is reused
+// (warp 0 overwrites it before warp 1 has read it) and a "last block" picked by index instead of
+// by ticket.
+inline bool eager_schedule() {
+  const char* s = std::getenv("DFLASH_EMU_SCHEDULE");
+  return s && std::string(s) == "eager";
+}
+
 // one block: resume the runnable fibers in turn; once none is, release a barrier that all its
 // live threads have reached; if there is none, the block can never finish
-inline void run_block(int n) {
+inline void run_block(int n, bool eager) {
   for (int t = 0; t < n; t++) {
     Fiber& f = fibers[t];
     getcontext(&f.ctx);
@@ -108,23 +140,16 @@ inline void run_block(int n) {
   for (;;) {
     for (int t = 0; t < n; t++)
       if (fibers[t].state == RUNNING) {
-        current = t, thread_idx = dim3(t);
-        swapcontext(&scheduler, &fibers[t].ctx);
+        resume(t);
+        const int w = t / 32;
+        while (eager && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
+          for (int l = 32 * w; l < 32 * w + 32; l++)
+            if (fibers[l].state == RUNNING) resume(l);
       }
     int live = 0, at_sync = 0;
     bool released = false;
-    for (int w = 0; w < n / 32; w++) {
-      int lanes = 0, at_warp = 0;
-      for (int t = 32 * w; t < 32 * w + 32; t++)
-        lanes += fibers[t].state != EXITED, at_warp += fibers[t].state == AT_WARP_SYNC;
-      if (at_warp > 0 && at_warp == lanes) {
-        for (int t = 32 * w; t < 32 * w + 32; t++)
-          if (fibers[t].state == AT_WARP_SYNC) fibers[t].state = RUNNING;
-        released = true;
-      }
-      live += lanes;
-    }
-    for (int t = 0; t < n; t++) at_sync += fibers[t].state == AT_SYNCTHREADS;
+    for (int w = 0; w < n / 32; w++) released |= release_warp(w);
+    for (int t = 0; t < n; t++) live += fibers[t].state != EXITED, at_sync += fibers[t].state == AT_SYNCTHREADS;
     if (live == 0) return;
     if (released) continue;
     if (at_sync != live)
@@ -151,10 +176,11 @@ struct Launch {
     fibers.resize(n);
     for (Fiber& f : fibers) f.stack.resize(64 * 1024);
     block_body = [&] { kernel(args...); };
-    for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++) {
-        block_idx = dim3(bx, by);
-        run_block(n);
+    const bool last_first = eager_schedule();
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        block_idx = last_first ? dim3(grid.x - 1 - x, grid.y - 1 - y) : dim3(x, y);
+        run_block(n, last_first);
       }
     if (!assert_message.empty()) throw std::runtime_error(assert_message);
   }
