@@ -20,7 +20,9 @@
 //   - CUDA_KERNEL_ASSERT records the failure and the launch raises it afterwards, like a
 //     device-side assert (the kernel itself carries on, as its own guards expect).
 // A barrier that some threads never reach (a __syncthreads in divergent code, a shuffle that
-// part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so.
+// part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so,
+// as it does at a full-mask shuffle after some of the warp's lanes returned (undefined on a
+// GPU) and at a launch with no blocks (a GPU's launch error).
 // DFLASH_EMU_SCHEDULE=eager changes the order (see eager_schedule below): a warp runs on as soon
 // as its lanes meet, and blocks run last to first. The tests run the kernels under both orders.
 //
@@ -108,6 +110,10 @@ inline bool release_warp(int w) {
   for (int t = 32 * w; t < 32 * w + 32; t++)
     lanes += fibers[t].state != EXITED, at_warp += fibers[t].state == AT_WARP_SYNC;
   if (at_warp == 0 || at_warp != lanes) return false;
+  if (lanes < 32)  // the kernels shuffle with the full mask: every lane must take part
+    throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
+                             "), warp " + std::to_string(w) + ": a full-mask shuffle after " +
+                             std::to_string(32 - lanes) + " of its lanes returned (undefined on a GPU)");
   for (int t = 32 * w; t < 32 * w + 32; t++)
     if (fibers[t].state == AT_WARP_SYNC) fibers[t].state = RUNNING;
   return true;
@@ -170,6 +176,8 @@ struct Launch {
   void run(Kernel kernel, Args... args) {
     if (block.y != 1 || block.z != 1 || block.x % 32 != 0 || block.x > 1024 || grid.z != 1)
       throw std::runtime_error("emu: only 1-D blocks of a multiple of 32 threads and 2-D grids are emulated");
+    if (grid.x == 0 || grid.y == 0)  // the launchers must skip an empty launch themselves
+      throw std::runtime_error("emu: a launch with no blocks (a GPU refuses it: invalid configuration argument)");
     const int n = block.x;
     block_dim = block, grid_dim = grid;
     assert_message.clear();

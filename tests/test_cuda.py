@@ -133,6 +133,17 @@ def test_accept_scan_host(ext, shape, mode):
         assert n.dtype == nxt.dtype == torch.int64
 
 
+@pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
+@pytest.mark.parametrize("mode", ["greedy", "sample_argmax"])  # no drafts, no q
+def test_accept_scan_with_no_drafts_is_plain_decoding(built, mode, version):
+    """K = 0, what `ar` sends through the loop at every step: nothing accepted, and the token is
+    p's argmax or its inverse-CDF draw, exactly the reference's."""
+    p, drafts, q, u = make_accept_case(3, 0, 4099, mode, seed=5)
+    n, nxt = built.accept_scan(p, drafts, q, u, version)
+    n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
+    assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref) and not n.any()
+
+
 def test_accept_scan_host_covers_cases():
     """The inputs really exercise partial acceptance, full acceptance and the zero-residual row."""
     ns = torch.cat([cuda.accept_scan_ref(*make_accept_case(7, 15, 97, m, seed=s))[0] for m in MODES for s in range(4)])
@@ -483,6 +494,10 @@ __global__ void divergent(int* out) {  // lane 0 at __syncthreads, lanes 1..31 a
   else v = __shfl_down_sync(0xffffffff, v, 1);
   out[threadIdx.x] = v;
 }
+__global__ void half_warp(int* out) {  // lanes 16..31 leave, the rest shuffle with the full mask
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_down_sync(0xffffffff, (int)threadIdx.x, 1);
+}
 int main() {
   int x[3 * 64], sums[3], flags[64] = {0}, tmp[32];
   for (int i = 0; i < 3 * 64; i++) x[i] = i;
@@ -491,8 +506,10 @@ int main() {
   int set = 0;
   for (int i = 0; i < 64; i++) set += flags[i];
   std::printf("sums %d %d %d set %d\n", sums[0], sums[1], sums[2], set);
-  try {
-    emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
+  for (int k = 0; k < 3; k++) try {  // each of these is an error on a GPU (a hang, UB, a launch error)
+    if (k == 0) emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
+    if (k == 1) emu::Launch(dim3(1), dim3(32)).run(half_warp, tmp);
+    if (k == 2) emu::Launch(dim3(0), dim3(32)).run(half_warp, tmp);
   } catch (const std::exception& e) {
     std::printf("%s\n", e.what());
   }
@@ -500,7 +517,7 @@ int main() {
 """
 
 
-def test_emulator_runs_blocks_like_a_gpu_and_stops_at_a_divergent_barrier(tmp_path):
+def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path):
     import subprocess
     from torch.utils.cpp_extension import include_paths
     cxx = os.environ.get("CXX", "c++")
@@ -511,6 +528,8 @@ def test_emulator_runs_blocks_like_a_gpu_and_stops_at_a_divergent_barrier(tmp_pa
     out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60).stdout
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
+    assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
+    assert "a launch with no blocks" in out
 
 
 # -----------------------------------------------------------------------------
