@@ -74,7 +74,7 @@ def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0, e
         q = None if q is None else quantize(q)
     if q is not None:
         q.scatter_(2, drafts[:, :, None], q.gather(2, drafts[:, :, None]).clamp(min=2.0 ** -16))  # q(d) > 0
-        if B > 1:  # row 0: q = p and p(d_1) = 0 -> rejected with an all-zero residual (fallback to p)
+        if B > 1 and K > 0:  # row 0: q = p and p(d_1) = 0 -> rejected with an all-zero residual (fallback to p)
             p[0, 0, drafts[0, 0]] = 0.0
             q[0] = p[0, :K]
     uniforms = torch.rand(B, K + 1, generator=g)                         # (B, K+1) float32
@@ -142,6 +142,7 @@ KV_SHAPES = [  # (L, B, H, D, T_max, T_new)
     (2, 1, 2, 64, 64, 16),
     (3, 3, 1, 16, 40, 7),
     (4, 7, 2, 64, 256, 16),
+    (1, 2, 1, 4, 8, 3),  # 12 rotation pairs, less than one block: a grid rounded down launches none
 ]
 ACCEPT_SHAPES = [  # (B, K, V): V not a multiple of 32
     (1, 1, 97), (1, 15, 4099), (3, 15, 97), (3, 1, 4099), (7, 15, 4099), (7, 1, 97),
