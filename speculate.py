@@ -21,7 +21,7 @@ and is the first token of the next verify pass.
 The drafter interface (the one seam of this repo; ngram and draft live here, mtp.py,
 draft_eagle.py and draft_diffusion.py hold the others):
     hidden_layers                 target layers whose hidden states the drafter needs; feats
-                                  below are those states concatenated (F = C per layer)
+                                  below are those states concatenated (F = len(hidden_layers) * C)
     prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for the padded prompts
                                   (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
