@@ -424,9 +424,9 @@ def test_accept_scan_emulated_kernels(emu, shape, schedule, mode, version, monke
     n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
     n, nxt = emu.accept_scan(p, drafts, q, u, version)  # version 2 exists for greedy only
     assert torch.equal(n, n_ref) and torch.equal(nxt, nxt_ref)
-    if mode == "greedy":  # bf16 logits with NaNs: NaN is the maximum, the first NaN wins
-        p = p.bfloat16()
-        p[-1, 0, [5, 9]] = float("nan")
+    if mode == "greedy":  # bf16 logits with NaNs: NaN is the maximum, the first NaN wins, within
+        p = p.bfloat16()  # a warp (threads 5 and 9) and across warps (thread 40)
+        p[-1, 0, [5, 9, 40]] = float("nan")
         assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, None, None, version),
                                                      cuda.accept_scan_ref(p, drafts)))
 
