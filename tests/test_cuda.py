@@ -544,7 +544,7 @@ def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
     assert selfcheck.main() == 0
     out = capsys.readouterr().out
     rows = {tuple(line.split()[:4]) for line in out.splitlines() if line.startswith(("kv_inject ", "accept_scan "))}
-    kv = {("kv_inject", "emu1", "LBHDTt=" + s, dtype) for s in ("2x1x2x64x64x16", "3x3x1x16x40x7", "4x7x2x64x256x16", "1x2x1x4x8x3")
+    kv = {("kv_inject", "emu1", "LBHDTt=" + "x".join(map(str, s)), dtype) for s in selfcheck.KV_SHAPES
           for dtype in ("float32", "bfloat16")}
     accept = {("accept_scan", f"emu{v}", "BKV=" + "x".join(map(str, shape)), mode) for shape in ACCEPT_SHAPES
               for mode in MODES for v in (cuda.VERSIONS["accept_scan"] if mode == "greedy" else (1,))}
