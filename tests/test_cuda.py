@@ -382,7 +382,7 @@ int main() {  // 1,200 rotation pairs, more than the 2 blocks of 256 threads the
 """
 
 
-def run_emulated_program(tmp_path, source):
+def run_emulated_program(tmp_path, source, schedule="in_order"):
     """Compile a C++ program over emu.h (and c10's headers and library) and return its output."""
     from torch.utils.cpp_extension import include_paths, library_paths
     cxx = os.environ.get("CXX", "c++")
@@ -392,7 +392,8 @@ def run_emulated_program(tmp_path, source):
     lib = library_paths()[0]
     subprocess.run([cxx, "-std=c++17", "-O1", f"-I{include_paths()[0]}", "t.cpp", "-o", "t", f"-L{lib}", "-lc10",
                     f"-Wl,-rpath,{lib}"], cwd=tmp_path, check=True)
-    return subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60).stdout
+    return subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DFLASH_EMU_SCHEDULE": schedule}).stdout
 
 
 def test_kv_inject_emulated_grid_stride_covers_pairs_beyond_the_grid(emu, tmp_path):
@@ -525,8 +526,9 @@ int main() {
 """
 
 
-def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path):
-    out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")))
+@pytest.mark.parametrize("schedule", ["in_order", "eager"])
+def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path, schedule):
+    out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")), schedule)
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
     assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
