@@ -503,6 +503,14 @@ __global__ void divergent(int* out) {  // lane 0 at __syncthreads, lanes 1..31 a
   else v = __shfl_down_sync(0xffffffff, v, 1);
   out[threadIdx.x] = v;
 }
+__global__ void order(int* out) {  // the order the schedule runs things in
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 32) out[blockIdx.x] = flag;  // warp 1, before any shuffle of its own
+  const int v = __shfl_down_sync(0xffffffff, 1, 1);
+  if (threadIdx.x == 0) flag = v, out[2] = out[2] * 10 + blockIdx.x;  // warp 0 past its shuffle; block order
+}
 __global__ void half_warp(int* out) {  // lanes 16..31 leave, the rest shuffle with the full mask
   if (threadIdx.x >= 16) return;
   out[threadIdx.x] = __shfl_down_sync(0xffffffff, (int)threadIdx.x, 1);
@@ -515,6 +523,9 @@ int main() {
   int set = 0;
   for (int i = 0; i < 64; i++) set += flags[i];
   std::printf("sums %d %d %d set %d\n", sums[0], sums[1], sums[2], set);
+  int seen[3] = {0, 0, 0};
+  emu::Launch(dim3(2), dim3(64)).run(order, seen);
+  std::printf("order %d %d %d\n", seen[0], seen[1], seen[2]);
   for (int k = 0; k < 3; k++) try {  // each of these is an error on a GPU (a hang, UB, a launch error)
     if (k == 0) emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
     if (k == 1) emu::Launch(dim3(1), dim3(32)).run(half_warp, tmp);
@@ -529,6 +540,9 @@ int main() {
 @pytest.mark.parametrize("schedule", ["in_order", "eager"])
 def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path, schedule):
     out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")), schedule)
+    # in order, warp 1 reads the flag before warp 0 is past its shuffle and block 0 runs first;
+    # eager, warp 0 has run on and set it, and block 1 runs first
+    assert {"in_order": "order 0 0 1", "eager": "order 1 1 10"}[schedule] in out
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
     assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
