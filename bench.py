@@ -173,7 +173,7 @@ def find_or_train(args, methods, device, dtype):
             target = load_target(target_path, device=device, dtype=dtype)
         elif what == "draft":
             preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
-            draft_path = os.path.join(train_dir, "draft.pt")
+            draft_path = os.path.join(train_dir, CKPT["draft"])
             argv = ["--preset", preset, "--out-path", draft_path, "--minutes", str(MINUTES["draft"]),
                     "--quality-prompts", "0", *dev]
             train_resuming(train, what, train.run_path(draft_path), argv)
@@ -183,7 +183,7 @@ def find_or_train(args, methods, device, dtype):
                 import train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
                         str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
-                train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, f"{what}.pt")), argv)
+                train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, CKPT[what])), argv)
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))

@@ -210,7 +210,8 @@ def main(args):
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
-    run_file = run_path(os.path.join(args.out_dir, f"{args.method}.pt"))  # <method>.run.pt until it finishes
+    path = os.path.join(args.out_dir, f"{args.method}.pt")
+    run_file = run_path(path)  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None
     owns_run = claim_run_file(run_file, args)
     train, val = get_distill_data(target, args, th)
@@ -280,7 +281,6 @@ def main(args):
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
           f"agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
-    path = os.path.join(args.out_dir, f"{args.method}.pt")
     save(path, train_minutes=minutes, val_agreement=acc)
     if owns_run and os.path.exists(run_file):
         os.remove(run_file)  # finished: nothing left to resume
