@@ -15,6 +15,7 @@ import torch
 
 import bench
 import data
+import train
 from model import load_target, save_checkpoint, weights_hash
 from test_model import save_tiny, tiny_model
 
@@ -302,7 +303,6 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
 def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """--retrain trains the target with --resume when a killed run left target.run.pt, and from
     scratch when that file is not a run it can continue."""
-    import train
     out = tmp_path / "out" / "tiny"
     monkeypatch.setattr(data, "prepare", lambda: None)
     resumed, refuse = [], False
@@ -385,7 +385,6 @@ def test_mtp_in_out_weights_is_found_when_the_target_has_no_heads(tmp_path, monk
 
 def test_a_draft_model_in_out_is_reused_and_nothing_is_prepared(tmp_path, monkeypatch):
     committed(tmp_path, monkeypatch)
-    import train
     monkeypatch.setattr(train, "main", lambda a: pytest.fail("must not train a draft model"))
     save_tiny(tmp_path / "out" / "tiny" / "draft.pt", seed=1, n_layer=1)
     _, _, found, _ = bench.find_or_train(args_for(tmp_path), ["ar", "draft"], torch.device("cpu"), torch.float32)

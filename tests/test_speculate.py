@@ -13,13 +13,19 @@ The verification loop of speculate.py (DESIGN.md sec. 5): speculative decoding m
 
 import copy
 import math
+import os
+import runpy
+import subprocess
+import sys
 from collections import Counter
 from functools import lru_cache
 
 import pytest
 import torch
 
+import cuda
 import speculate
+from data import ROOT
 from model import Config, PRESETS, Transformer, generate as naive_generate, logits_to_probs
 from speculate import ModelDrafter, NgramDrafter, accept_scan_ref
 from test_model import save_tiny, tiny_model
@@ -471,7 +477,6 @@ def test_k_zero_is_plain_decoding():
 
 
 def test_accept_scan_dispatches_to_the_reference_on_cpu(monkeypatch):
-    import cuda
     monkeypatch.delenv(cuda.ENV, raising=False)
     for name in ("load", "load_emu"):  # the CPU default builds nothing
         monkeypatch.setattr(cuda, name, lambda *a, **k: pytest.fail("CPU tensors must not trigger a build"))
@@ -670,10 +675,6 @@ def test_a_row_whose_first_token_is_the_stop_token_ends_at_its_prefill(batch_siz
 def run_cli(tmp_path, monkeypatch, capsys, *argv):
     """speculate.py's command line in this process (so monkeypatches reach it), ngram on the
     tiny target in tmp_path/t.pt -> what it printed."""
-    import os
-    import runpy
-    import sys
-    from data import ROOT
     monkeypatch.setattr(sys, "argv", ["speculate.py", "--ckpt", str(tmp_path / "t.pt"), "--method", "ngram",
                                       "--device", "cpu", *argv])
     runpy.run_path(os.path.join(ROOT, "speculate.py"), run_name="__main__")
@@ -684,7 +685,6 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
     """--check must compare with plain decoding: with an acceptance rule that takes every draft
     it prints False (a check that decoded speculatively twice would print True). Plain decoding
     goes through accept_scan too, with no drafts, where this rule changes nothing."""
-    import cuda
     save_tiny(tmp_path / "t.pt")
     real = cuda.accept_scan
 
@@ -698,10 +698,6 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from data import ROOT
     cmd = [sys.executable, os.path.join(ROOT, "speculate.py"), "--device", "cpu"]
     r = subprocess.run(cmd + ["--method", "dflash", "--prompt", "def parse(line):", "--max-new-tokens", "24", "--check"],
                        cwd=tmp_path, capture_output=True, text=True)

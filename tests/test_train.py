@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import data
+import mtp
 import train
 from model import load_target, save_checkpoint, load_checkpoint
 from test_model import save_tiny, tiny_model
@@ -173,7 +174,6 @@ def test_bits_per_byte():
 
 
 def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
-    import mtp
     totals, mtps = [], []
     real_backward, real_losses = torch.Tensor.backward, mtp.MTP.losses
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: totals.append(self.item()) or real_backward(self, *a, **k))
@@ -191,7 +191,6 @@ def test_decay_only_on_matrices_and_the_clip_covers_the_mtp_heads(tmp_path, monk
     """The optimisation settings the resume test cannot see (two runs that share a wrong setting
     still agree): AdamW decays the matrices only (not the RMSNorm gains), and one clip at
     --grad-clip per step spans every trained parameter, the native MTP heads included."""
-    import mtp
     groups, clipped = [], []
     real_init, real_clip = torch.optim.AdamW.__init__, torch.nn.utils.clip_grad_norm_
 
