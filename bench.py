@@ -428,7 +428,7 @@ def get_parser():
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
                    "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default %(default)s)")
-    g.add_argument("--block-size", type=int, default=16, help="dflash block size B (drafts B-1); at "
+    g.add_argument("--block-size", type=int, default=16, help="dflash block size S (drafts S-1); at "
                    "most what it was trained for (default %(default)s)")
     g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "
                    "so 1..its depth (default: all its modules)")

@@ -29,7 +29,7 @@ continuations, sample many anchors a per sequence (with --continuation-only from
 last token on, where blocks are drafted); each anchor's block [x_a, mask...] sees the context
 strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in one pass: each
 block is a row of its own with a key mask, which is the block-sparse pattern without a dense
-mask. Loss = cross-entropy at slots 1..B-1 against x_{a+k}, weighted by exp(-(k-1)/gamma)
+mask. Loss = cross-entropy at slots 1..S-1 against x_{a+k}, weighted by exp(-(k-1)/gamma)
 (early slots matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.

@@ -328,7 +328,7 @@ def get_parser():
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")
     g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
     g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
-    g.add_argument("--block-size", type=int, default=16, help="dflash: block size B (drafts B-1 tokens)")
+    g.add_argument("--block-size", type=int, default=16, help="dflash: block size S (drafts S-1 tokens)")
     g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's loss weight is "
                    f"exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it beat the paper's 7 for B = 16, "
                    "whose values are 5 for B = 10 and 4 for B = 8)")
