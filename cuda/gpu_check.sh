@@ -3,6 +3,9 @@
 #
 #   bash cuda/gpu_check.sh [LOG_DIR]        # logs go to LOG_DIR, else $OUT, else out/gpu_check
 #
+# LOG_DIR gets three files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
+# everything printed, step by step, and the JSON of the two bench runs that write one.
+#
 # 1. the GPU, driver, torch and nvcc versions
 # 2. python -m cuda: build, validate every op and kernel version, time fused vs reference at
 #    B = 1 and B = 32
@@ -25,14 +28,16 @@ mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 failed=0
 
-step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to LOG/NAME.txt and the terminal
+TXT=$LOG/gpu_check.txt
+: >"$TXT"
+step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the terminal and $TXT
   local name=$1 limit=$2
   shift 2
-  echo "== $*" | tee "$LOG/$name.txt"
+  echo "== $name: $*" | tee -a "$TXT"
   local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$LOG/$name.txt"
+  timeout "$limit" "$@" 2>&1 | tee -a "$TXT"
   local rc=${PIPESTATUS[0]}
-  echo "== exit $rc after $((SECONDS - t0)) s" | tee -a "$LOG/$name.txt"
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
   [ "$rc" -eq 0 ] || failed=1
 }
 
@@ -46,11 +51,13 @@ $PY -c 'from torch.utils import cpp_extension as c; import cuda
 print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_flags(c.CUDA_HOME))'"
 step env 30 bash -c "$ENV_REPORT"
 step selfcheck 170 $PY -m cuda
-step tests 120 $PY -m pytest -q -rs tests/test_cuda.py -k "not emu"  # the CPU emulation is CI's stand-in for this GPU
+# -v: a step cut off by its limit still shows which test ran last. Left out: the CPU emulation
+# (CI's stand-in for this GPU) and the compile-only nvcc test (selfcheck's build just did that)
+step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc"
 step sdpa 20 $PY -m cuda.sdpa_probe
-B="$PY bench.py --device cuda --preset cpu"  # 9 log files in all: what one device call brings back
+B="$PY bench.py --device cuda --preset cpu"
 step bench_fused 120 env DFLASH_CUDA_EXT=1 $B --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
 step bench_bf16 60 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0
-echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')"
+echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')" | tee -a "$TXT"
 exit $failed

@@ -11,6 +11,7 @@ the .cu files are compile-checked when nvcc exists; GPU tests skip without a GPU
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -719,7 +720,8 @@ def test_a_zero_uniform_never_samples_a_zero_probability_token(ext):
 
 def test_gpu_check_fits_one_device_call_and_names_real_modules():
     """cuda/gpu_check.sh is the one script a GPU session runs: its step limits must add up to
-    less than one device call (600 s), and every module it runs must exist here."""
+    less than one device call (600 s), every module it runs must exist here, and it must write
+    no more log files than the call brings back."""
     script = open(os.path.join(os.path.dirname(cuda.__file__), "gpu_check.sh")).read()
     limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
     assert len(limits) == 7 and sum(limits) <= 590, limits
@@ -727,6 +729,8 @@ def test_gpu_check_fits_one_device_call_and_names_real_modules():
         assert f"$PY -m {mod}" in script
         __import__(mod)
     assert "$PY bench.py --device cuda" in script
+    logs = set(re.findall(r'\$LOG/([^"\s]+)', script))  # the device tool brings back 8 files at most
+    assert 0 < len(logs) <= 8 and not any("$" in name for name in logs), logs
 
 
 def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, monkeypatch):
