@@ -442,8 +442,10 @@ def get_parser():
                    help="timed runs per row, made in rounds over all rows; the median is reported (default %(default)s)")
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", default=None, help="file of prompts: JSON lines with a \"prompt\" string, or plain "
-                   "text blocks separated by blank lines (default: held-out corpus prompts)")
-    g.add_argument("--n-prompts", type=int, default=10, help="held-out prompts (ignored with --prompts); 10 keeps six "
+                   "text blocks separated by blank lines (default: the committed held-out prompts, "
+                   "weights/heldout_prompts.jsonl, the same on every machine)")
+    g.add_argument("--n-prompts", type=int, default=10, help="how many of the committed held-out prompts, at most "
+                   f"{data.N_REFERENCE_PROMPTS} (ignored with --prompts); 10 keeps six "
                    "methods x two temperatures within 1-4 min on 2 cores with the committed weights (default %(default)s)")
     g = p.add_argument_group("model and weights")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -503,13 +505,13 @@ def main(argv=None):
         die("--dtype bfloat16 needs --device cuda")
 
     enc = data.get_encoding()
-    if args.prompts:
-        try:
+    try:
+        if args.prompts:
             texts, source = data.read_prompts_file(args.prompts), args.prompts
-        except ValueError as e:
-            die(str(e))
-    else:
-        texts, source = data.heldout_prompts(args.n_prompts), "held-out corpus files (data.heldout_prompts)"
+        else:
+            texts, source = data.reference_prompts(args.n_prompts), "held-out prompts (weights/heldout_prompts.jsonl)"
+    except ValueError as e:
+        die(str(e))
 
     def skip(m, why):  # methods named in --methods must run; the others may be left out
         if named:

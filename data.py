@@ -7,12 +7,13 @@ these three packages hold is what there is).
 
     python data.py                                          # reuse tokenizer.tiktoken, build out/data/*.bin
     python data.py --train-tokenizer --vocab-size 4096      # retrain the tokenizer first (~1 min)
+    python data.py --write-prompts                          # redraw bench's committed prompts (reference_prompts)
 
 The tokenizer is a byte-level BPE with the GPT-4 (cl100k) split regex, trained here and
 committed as `tokenizer.tiktoken` (standard format: base64 token, space, rank) so that every
 machine tokenizes identically; tiktoken does the encoding. Special tokens: <|endoftext|>
 (document separator) and <|mask|> (the DFlash mask, arXiv 2602.06036). The bins are flat
-np.uint16 token streams, nanoGPT style. Budget: ~350 lines instead of ~200, because the BPE
+np.uint16 token streams, nanoGPT style. Budget: ~370 lines instead of ~200, because the BPE
 trainer with incremental pair counts (~75 lines) and the prompts-file parser live here too.
 """
 import argparse, base64, functools, hashlib, heapq, importlib.util, json, os, random, sysconfig, time
@@ -25,6 +26,8 @@ import tiktoken
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
 WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed reference checkpoints, weights/<preset>/
+PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's default prompts (reference_prompts)
+N_REFERENCE_PROMPTS = 256
 # the cl100k_base split pattern exactly as tiktoken ships it, so its Rust regex accepts it:
 # words with one leading space/punctuation (" self", "_attn", ".append"), numbers of <= 3
 # digits, punctuation runs, newlines, and runs of indentation kept apart from the next word
@@ -262,6 +265,18 @@ def heldout_samples(n, seed=0, prompt_lines=4, max_prompt_tokens=96, continuatio
 def heldout_prompts(n, seed=0):
     return [p for p, _ in heldout_samples(n, seed=seed)]
 
+def reference_prompts(n):
+    """The first n of the committed held-out prompts, bench's default and the README's: what
+    heldout_prompts(N_REFERENCE_PROMPTS) drew in the reference environment (Python 3.11.7, torch
+    2.13.0, numpy 2.4.6; `python data.py --write-prompts`). The corpus is whatever is installed,
+    so a draw elsewhere differs (Python 3.12 with torch 2.11 shares none of the first 10), and
+    with it every tau; the committed file keeps bench's figures comparable across machines."""
+    prompts = read_prompts_file(PROMPTS_PATH)
+    if n > len(prompts):
+        raise ValueError(f"{PROMPTS_PATH} holds {len(prompts)} prompts, {n} were asked for "
+                         f"(--prompts FILE takes your own)")
+    return prompts[:n]
+
 def repeated_ngram_fraction(tokens, n=8):
     """Fraction of the n-grams of `tokens` that already occurred earlier in it: how much a
     continuation loops (~2 % for real code, far more for a weak greedy target)."""
@@ -320,7 +335,15 @@ if __name__ == "__main__":
     parser.add_argument("--out-dir", default=DATA_OUT, help="where data/{train,val}.bin and meta.json go "
                         "(default: out/ in the repository, where train.py looks)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bins even if they look up to date")
+    parser.add_argument("--write-prompts", action="store_true", help=f"only rewrite {os.path.relpath(PROMPTS_PATH, ROOT)} "
+                        f"(bench's default prompts) with the first {N_REFERENCE_PROMPTS} held-out prompts of this machine's corpus")
     args = parser.parse_args()
+
+    if args.write_prompts:
+        with open(PROMPTS_PATH, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"prompt": p}) + "\n" for p in heldout_prompts(N_REFERENCE_PROMPTS))
+        print(f"wrote {N_REFERENCE_PROMPTS} prompts to {PROMPTS_PATH}")
+        raise SystemExit(0)
 
     files = corpus_files()
     print(f"corpus: {len(files['train'])} train / {len(files['val'])} val files "

@@ -98,6 +98,16 @@ def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, c
         assert b["lossless"] is True and b["new_tokens"] == 2 * 12
         assert (a["method"], a["tau"], a["verify_passes"]) == (b["method"], b["tau"], b["verify_passes"])
 
+def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights, monkeypatch, capsys):
+    monkeypatch.setattr(data, "heldout_samples", lambda *a, **k: pytest.fail("drew prompts from this machine's corpus"))
+    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+                "--n-prompts", "2", "--max-new-tokens", "4"])
+    assert "prompts   2 from held-out prompts (weights/heldout_prompts.jsonl)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--preset", "tiny", "--n-prompts", str(data.N_REFERENCE_PROMPTS + 1)])
+    assert e.value.code == 2 and f"holds {data.N_REFERENCE_PROMPTS} prompts" in capsys.readouterr().err
+
+
 def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "def f():"}\n{"prompt": 3}\n')

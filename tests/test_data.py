@@ -1,12 +1,15 @@
 """Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
 import hashlib
 import os
+import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 import regex
 import tiktoken
 import tiktoken.load
+import torch
 
 import data
 from data import EOT, MASK
@@ -183,6 +186,20 @@ def test_heldout_samples(enc):
     assert len(sources) >= 20  # spread across files, not 24 cuts of one file
     short = data.heldout_samples(10, max_prompt_tokens=24)
     assert all(len(enc.encode_ordinary(p)) <= 24 for p, _ in short)
+
+
+def test_reference_prompts_are_the_committed_file(enc):
+    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
+    assert len(prompts) == data.N_REFERENCE_PROMPTS and data.reference_prompts(3) == prompts[:3]
+    assert all(p.lstrip().startswith(("def ", "class ")) and len(enc.encode_ordinary(p)) <= 96 for p in prompts)
+    with pytest.raises(ValueError, match=f"holds {data.N_REFERENCE_PROMPTS} prompts, {data.N_REFERENCE_PROMPTS + 1} "):
+        data.reference_prompts(data.N_REFERENCE_PROMPTS + 1)
+
+
+@pytest.mark.skipif((sys.version.split()[0], torch.__version__.split("+")[0], np.__version__) != ("3.11.7", "2.13.0", "2.4.6"),
+                    reason="the committed prompts were drawn from the corpus of Python 3.11.7, torch 2.13.0, numpy 2.4.6")
+def test_reference_prompts_are_what_the_reference_environment_draws():
+    assert data.reference_prompts(data.N_REFERENCE_PROMPTS) == data.heldout_prompts(data.N_REFERENCE_PROMPTS)
 
 
 def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):

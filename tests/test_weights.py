@@ -3,8 +3,9 @@ The committed reference weights (weights/cpu) still draft well.
 
 Every other test checks that speculative decoding is lossless, which a drafter that drafts
 badly still is: a DFlash that kept the wrong block slots stayed token-identical while its tau
-here fell from 4.36 to 1.02 at T = 0. Each drafter runs on 4 held-out prompts, 48 tokens each,
-at T = 0 and T = 1, and its tau must stay above a floor well below what it measured
+here fell from 4.36 to 1.02 at T = 0. Each drafter runs on the first 4 committed held-out
+prompts (data.reference_prompts, the same on every machine), 48 tokens each, at T = 0 and
+T = 1, and its tau must stay above a floor well below what it measured
 (2026-12-02, a 2-core CI-class CPU; T = 0 is deterministic, and over 12 seeds at T = 1 each
 floor sat at least 3.5 standard deviations below the mean, in case another machine's rounding
 changes a sampled token).
@@ -18,7 +19,7 @@ import pytest
 
 import speculate
 from draft_diffusion import DFlash
-from data import MASK, WEIGHTS_DIR, get_encoding, heldout_prompts
+from data import MASK, WEIGHTS_DIR, get_encoding, reference_prompts
 from model import load_target
 
 W = os.path.join(WEIGHTS_DIR, "cpu")
@@ -37,7 +38,7 @@ def setup():
         pytest.skip("no committed weights/cpu")
     target = load_target(os.path.join(W, "target.pt"))
     enc = get_encoding()
-    return target, [enc.encode_ordinary(p) for p in heldout_prompts(4)]
+    return target, [enc.encode_ordinary(p) for p in reference_prompts(4)]
 
 
 @pytest.mark.parametrize("method, T, measured, floor", CASES)
