@@ -335,8 +335,8 @@ if __name__ == "__main__":
     parser.add_argument("--out-dir", default=DATA_OUT, help="where data/{train,val}.bin and meta.json go "
                         "(default: out/ in the repository, where train.py looks)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the bins even if they look up to date")
-    parser.add_argument("--write-prompts", action="store_true", help=f"only rewrite {os.path.relpath(PROMPTS_PATH, ROOT)} "
-                        f"(bench's default prompts) with the first {N_REFERENCE_PROMPTS} held-out prompts of this machine's corpus")
+    parser.add_argument("--write-prompts", action="store_true", help="only rewrite weights/heldout_prompts.jsonl (bench's "
+                        f"default prompts) with the first {N_REFERENCE_PROMPTS} held-out prompts of this machine's corpus")
     args = parser.parse_args()
 
     if args.write_prompts:

@@ -98,6 +98,7 @@ def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, c
         assert b["lossless"] is True and b["new_tokens"] == 2 * 12
         assert (a["method"], a["tau"], a["verify_passes"]) == (b["method"], b["tau"], b["verify_passes"])
 
+
 def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights, monkeypatch, capsys):
     monkeypatch.setattr(data, "heldout_samples", lambda *a, **k: pytest.fail("drew prompts from this machine's corpus"))
     bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
