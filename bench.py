@@ -19,12 +19,13 @@ with drafters of a target trained here (each drafter checkpoint records its targ
 
 Output: a card (machine, device, dtype, sizes, prompts, budget, how much the target loops),
 one row per method and temperature (tau and its standard error over the prompts, tokens/s,
-speedup vs ar, predicted speedup, lossless check), a chart of per-position acceptance;
---json / --plot write the same data.
+speedup vs ar, predicted speedup, lossless check, and where a greedy row differs, how close the
+target's two candidate tokens were there), a chart of per-position acceptance; --json / --plot
+write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
-~600 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
+~620 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
 (~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
 machine and needs no plotting dependency.
 """
@@ -298,6 +299,22 @@ def lossless(outs, ar_outs, T):
     return dict(lossless=(mism == 0) if T == 0 else None, mismatches=mism)
 
 
+def first_difference_gaps(target, prompts, outs, ar_outs):
+    """For each greedy row that differs from plain decoding's, where it first differs: the gap
+    between the target's logits for the two tokens, recomputed in one pass. A verify pass over
+    several positions rounds differently from a one-token step, so a gap at the scale of that
+    rounding is a near-tie either token could win; a wrong token shows a gap far above it
+    (README, Troubleshooting: "lossless says NO")."""
+    gaps = []
+    for p, o, r in zip(prompts, outs, ar_outs):
+        t = next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None)
+        if t is not None:  # (a row that merely stops earlier has no such token)
+            with torch.no_grad():
+                logits = target(torch.tensor([p + r[:t]], device=target.head.weight.device))[0][0, -1].float()
+            gaps.append(abs(logits[r[t]] - logits[o[t]]).item())
+    return gaps
+
+
 # -----------------------------------------------------------------------------
 # report
 
@@ -397,6 +414,11 @@ def print_table(results, sweep, sizes, T0, n_prompts):
         print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
               f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  {ok:18s}"
               f"{r['drafter_params'] / 1e6:8.2f}M")
+    for r in results:
+        if r["first_difference_gaps"]:
+            print(f"NOTE      {r['method']} T=0: its rows first differ from plain decoding's where the target's logits "
+                  f"for the two tokens are {', '.join(f'{g:.2g}' for g in r['first_difference_gaps'])} apart (a gap "
+                  f"near the rounding of a verify pass is a near-tie, not a wrong token: README, Troubleshooting)")
     print("\nacceptance per draft position (alpha_i: of the passes that drafted position i, the share whose "
           "first i drafts were all accepted; one column per position, full block = 1)")
     for r in results:
@@ -569,7 +591,8 @@ def main(argv=None):
             results.append(dict(method=m, temperature=T, **compare(o, st, ar_o, ar, T),
                                 predicted_speedup=predicted_speedup(st, ar), acceptance_per_position=st["alpha"],
                                 new_tokens=st["new_tokens"], verify_passes=st["verify_passes"],
-                                drafter_params=params(d), repeat8=repeat8(o), K=Ks[m]))
+                                drafter_params=params(d), repeat8=repeat8(o), K=Ks[m],
+                                first_difference_gaps=first_difference_gaps(target, prompts, o, ar_o) if T == 0 else []))
 
     print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),
                {T: repeat8(table["ar", T][0]) for T in temps})

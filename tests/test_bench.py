@@ -17,13 +17,14 @@ import bench
 import data
 import train
 from model import load_target, save_checkpoint, weights_hash
+from speculate import generate
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
                "speedup": float, "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
                "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "wall_s_runs": list,
                "drafter_params": int}
-EXTRA_KEYS = {"repeat8", "K"}  # the issue allows extra keys
+EXTRA_KEYS = {"repeat8", "K", "first_difference_gaps"}  # the issue allows extra keys
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +176,21 @@ def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_pa
     assert draft["method"] == sweep["method"] == "draft"
     assert draft["lossless"] is False and draft["mismatches"] > 0 and "NO (" in out
     assert sweep["lossless"] is False and sweep["mismatches"] > 0 and "draft" in out and "x*" in out
+    assert len(draft["first_difference_gaps"]) == draft["mismatches"] and "NOTE      draft T=0" in out
+    assert report["results"][0]["first_difference_gaps"] == []  # ar against itself
+
+
+def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
+    target = tiny_model()
+    prompts = [[5, 6, 7], [8, 9]]
+    ar_outs, _ = generate(target, prompts, None, max_new_tokens=6)
+    with torch.no_grad():
+        logits = target(torch.tensor([prompts[1] + ar_outs[1][:3]]))[0][0, -1]
+    top2 = logits.topk(2)
+    outs = [ar_outs[0], ar_outs[1][:3] + [int(top2.indices[1])] + ar_outs[1][4:]]  # row 1 takes the runner-up at 3
+    gaps = bench.first_difference_gaps(target, prompts, outs, ar_outs)
+    assert gaps == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
+    assert bench.first_difference_gaps(target, prompts, [ar_outs[0], ar_outs[1][:2]], ar_outs) == []  # stops early
 
 
 def test_predicted_speedup_and_lossless_arithmetic():
