@@ -252,11 +252,13 @@ def heldout_samples(n, seed=0, prompt_lines=4, max_prompt_tokens=96, continuatio
         rng.shuffle(cands)
         per_file.append(cands)
     rng.shuffle(per_file)
-    out = []
+    out, taken = [], set()  # a prompt met before (one more `def __init__(self, ...)`) is skipped
     for k in range(max(map(len, per_file), default=0)):
         for cands in per_file:
-            if k < len(cands) and cands[k][0].strip() and len(enc.encode_ordinary(cands[k][0])) <= max_prompt_tokens:
+            if (k < len(cands) and cands[k][0].strip() and cands[k][0] not in taken
+                    and len(enc.encode_ordinary(cands[k][0])) <= max_prompt_tokens):
                 out.append(cands[k])
+                taken.add(cands[k][0])
                 if len(out) == n:
                     return out
     print(f"data: only {len(out)} held-out samples available (asked for {n})")

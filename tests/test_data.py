@@ -190,7 +190,7 @@ def test_heldout_samples(enc):
 
 def test_reference_prompts_are_the_committed_file(enc):
     prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
-    assert len(prompts) == data.N_REFERENCE_PROMPTS and data.reference_prompts(3) == prompts[:3]
+    assert len(prompts) == len(set(prompts)) == data.N_REFERENCE_PROMPTS and data.reference_prompts(3) == prompts[:3]
     assert all(p.lstrip().startswith(("def ", "class ")) and len(enc.encode_ordinary(p)) <= 96 for p in prompts)
     with pytest.raises(ValueError, match=f"holds {data.N_REFERENCE_PROMPTS} prompts, {data.N_REFERENCE_PROMPTS + 1} "):
         data.reference_prompts(data.N_REFERENCE_PROMPTS + 1)
@@ -210,6 +210,13 @@ def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
     n = len(enc.encode_ordinary(prompt))
     assert data.heldout_samples(1, max_prompt_tokens=n) == [(prompt, cont[:1500])]
     assert data.heldout_samples(1, max_prompt_tokens=n - 1) == []
+
+
+def test_a_prompt_met_in_another_file_is_taken_once(monkeypatch):
+    prompt = "def __init__(self):\n    self.a = 1\n    self.b = 2\n    self.c = 3\n"
+    files = [(f"k{i}", prompt + "".join(f"value_{i}_{j} = compute({j})\n" for j in range(20))) for i in range(2)]
+    monkeypatch.setattr(data, "read_texts", lambda _: iter(files))
+    assert [p for p, _ in data.heldout_samples(2)] == [prompt]  # the same prompt twice would weigh double in tau
 
 
 def test_tokenizer_hash_covers_the_split_pattern(monkeypatch):
