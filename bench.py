@@ -307,11 +307,15 @@ def first_difference_gaps(target, prompts, outs, ar_outs):
     (README, Troubleshooting: "lossless says NO")."""
     gaps = []
     for p, o, r in zip(prompts, outs, ar_outs):
+        if o == r:
+            continue
         t = next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None)
-        if t is not None:  # (a row that merely stops earlier has no such token)
-            with torch.no_grad():
-                logits = target(torch.tensor([p + r[:t]], device=target.head.weight.device))[0][0, -1].float()
-            gaps.append(abs(logits[r[t]] - logits[o[t]]).item())
+        if t is None:  # one row stops before the other: no rounding does that, only a bug
+            gaps.append(None)
+            continue
+        with torch.no_grad():
+            logits = target(torch.tensor([p + r[:t]], device=target.head.weight.device))[0][0, -1].float()
+        gaps.append(abs(logits[r[t]] - logits[o[t]]).item())
     return gaps
 
 
@@ -416,9 +420,9 @@ def print_table(results, sweep, sizes, T0, n_prompts):
               f"{r['drafter_params'] / 1e6:8.2f}M")
     for r in results:
         if r["first_difference_gaps"]:
-            print(f"NOTE      {r['method']} T=0: its rows first differ from plain decoding's where the target's logits "
-                  f"for the two tokens are {', '.join(f'{g:.2g}' for g in r['first_difference_gaps'])} apart (a gap "
-                  f"near the rounding of a verify pass is a near-tie, not a wrong token: README, Troubleshooting)")
+            gaps = ", ".join("(ends early)" if g is None else f"{g:.2g}" for g in r["first_difference_gaps"])
+            print(f"NOTE      {r['method']} T=0: where each differing row first differs, the target's logits for "
+                  f"the two tokens are {gaps} apart (near-tie or wrong token: README, Troubleshooting)")
     print("\nacceptance per draft position (alpha_i: of the passes that drafted position i, the share whose "
           "first i drafts were all accepted; one column per position, full block = 1)")
     for r in results:

@@ -28,6 +28,7 @@ TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
 WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed reference checkpoints, weights/<preset>/
 PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's default prompts (reference_prompts)
 N_REFERENCE_PROMPTS = 256
+REFERENCE_VERSIONS = ("3.11.7", "2.13.0", "2.4.6")  # Python, torch, numpy of the committed draw
 # the cl100k_base split pattern exactly as tiktoken ships it, so its Rust regex accepts it:
 # words with one leading space/punctuation (" self", "_attn", ".append"), numbers of <= 3
 # digits, punctuation runs, newlines, and runs of indentation kept apart from the next word
@@ -269,12 +270,11 @@ def heldout_prompts(n, seed=0):
 
 def reference_prompts(n):
     """The first n of the committed held-out prompts, bench's default and the README's: what
-    heldout_prompts(N_REFERENCE_PROMPTS) drew in the reference environment (Python 3.11.7, torch
-    2.13.0, numpy 2.4.6; `python data.py --write-prompts`). The corpus is whatever is installed,
-    so a draw elsewhere differs (Python 3.12 with torch 2.11 shares none of the first 10), and
-    with it every tau; the committed file keeps bench's figures comparable across machines."""
+    heldout_prompts(N_REFERENCE_PROMPTS) drew with REFERENCE_VERSIONS (`python data.py
+    --write-prompts`). The corpus is whatever is installed, so a draw elsewhere differs, and with
+    it every tau; the committed file keeps bench's figures comparable across machines."""
     prompts = read_prompts_file(PROMPTS_PATH)
-    if n > len(prompts):
+    if not 0 <= n <= len(prompts):
         raise ValueError(f"{PROMPTS_PATH} holds {len(prompts)} prompts, {n} were asked for "
                          f"(--prompts FILE takes your own)")
     return prompts[:n]
@@ -342,9 +342,10 @@ if __name__ == "__main__":
     args = parser.parse_args()
 
     if args.write_prompts:
+        prompts = heldout_prompts(N_REFERENCE_PROMPTS)
         with open(PROMPTS_PATH, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"prompt": p}) + "\n" for p in heldout_prompts(N_REFERENCE_PROMPTS))
-        print(f"wrote {N_REFERENCE_PROMPTS} prompts to {PROMPTS_PATH}")
+            f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)
+        print(f"wrote {len(prompts)} prompts to {PROMPTS_PATH}")
         raise SystemExit(0)
 
     files = corpus_files()

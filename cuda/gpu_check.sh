@@ -15,9 +15,11 @@
 # 5. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
 #    train for ~15 min): every method but `draft` with the kernels on (the first GPU table), ar
 #    and dflash with the kernels off (DFLASH_CUDA_EXT=0), then ar and dflash in bfloat16 with
-#    the kernels on. A model this small is bound by per-op overhead on a GPU as on a CPU (one
-#    plain step here: 11 ms, ~1.6 ms of it matmuls), so a GPU step may cost what a CPU step
-#    does; on 2 cores `draft` (8 passes per 1.5 tokens) takes a third of the rows' time (70 of 220 s).
+#    the kernels on. A model this small is bound by per-op overhead (~450 aten ops a step; one
+#    plain step on this project's slowest 2-core CPU: 11 ms, ~1.6 ms of it matmuls), and on a
+#    GPU each op is a launch. On that CPU the rows took 220 s, `draft` (8 passes per 1.5 tokens)
+#    70 s of it; the methods run in the order named, so a step cut off by its limit loses the
+#    least important rows, and each row's time and tau are printed as it ends.
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
 # GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
 # whole script fits one device call (at most 600 s) even if every step hangs; expected ~4-6 min
@@ -59,7 +61,7 @@ step selfcheck 150 $PY -m cuda
 step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc"
 step sdpa 20 $PY -m cuda.sdpa_probe
 B="$PY bench.py --device cuda --preset cpu"
-step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,ngram,mtp,eagle,dflash --json "$LOG/bench_fused.json"
+step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
 step bench_bf16 60 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0
 echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')" | tee -a "$TXT"

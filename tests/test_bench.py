@@ -190,7 +190,7 @@ def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
     outs = [ar_outs[0], ar_outs[1][:3] + [int(top2.indices[1])] + ar_outs[1][4:]]  # row 1 takes the runner-up at 3
     gaps = bench.first_difference_gaps(target, prompts, outs, ar_outs)
     assert gaps == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
-    assert bench.first_difference_gaps(target, prompts, [ar_outs[0], ar_outs[1][:2]], ar_outs) == []  # stops early
+    assert bench.first_difference_gaps(target, prompts, [ar_outs[0], ar_outs[1][:2]], ar_outs) == [None]  # ends early
 
 
 def test_predicted_speedup_and_lossless_arithmetic():
@@ -374,7 +374,7 @@ def test_the_preset_follows_the_device(monkeypatch):
         seen["preset"] = args.preset
         raise SystemExit(0)
     monkeypatch.setattr(bench, "find_or_train", stop)
-    monkeypatch.setattr(data, "heldout_prompts", lambda n: ["def f():"])
+    monkeypatch.setattr(data, "reference_prompts", lambda n: ["def f():"])
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--methods", "ar"])
     assert seen["preset"] == "cpu"

@@ -720,8 +720,8 @@ def test_a_zero_uniform_never_samples_a_zero_probability_token(ext):
 
 def test_gpu_check_fits_one_device_call_and_names_real_modules():
     """cuda/gpu_check.sh is the one script a GPU session runs: its step limits must add up to
-    less than one device call (600 s), every module it runs must exist here, and it must write
-    no more log files than the call brings back."""
+    less than one device call (600 s), every module it runs must exist here, and the files it
+    names under $LOG must be no more than the call brings back."""
     script = open(os.path.join(os.path.dirname(cuda.__file__), "gpu_check.sh")).read()
     limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
     assert len(limits) == 7 and sum(limits) <= 590, limits
