@@ -15,9 +15,9 @@ import torch
 
 import bench
 import data
+import speculate
 import train
 from model import load_target, save_checkpoint, weights_hash
-from speculate import generate
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
@@ -160,8 +160,6 @@ def test_a_bad_number_names_its_flag_before_any_work(flags, expect, capsys):
 
 def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_path, monkeypatch, capsys):
     # a verifier that accepts every draft is fast and wrong: both the table and the sweep must say so
-    import speculate
-
     def accept_all(p, drafts, q=None, uniforms=None):
         n = torch.full((drafts.shape[0],), drafts.shape[1], dtype=torch.long)
         return n, p[:, -1].argmax(-1)
@@ -183,7 +181,7 @@ def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_pa
 def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
     target = tiny_model()
     prompts = [[5, 6, 7], [8, 9]]
-    ar_outs, _ = generate(target, prompts, None, max_new_tokens=6)
+    ar_outs, _ = speculate.generate(target, prompts, None, max_new_tokens=6)
     with torch.no_grad():
         logits = target(torch.tensor([prompts[1] + ar_outs[1][:3]]))[0][0, -1]
     top2 = logits.topk(2)
