@@ -520,6 +520,13 @@ def main(argv=None):
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
     try:
+        if args.prompts:
+            texts, source = data.read_prompts_file(args.prompts), args.prompts
+        else:
+            texts, source = data.reference_prompts(args.n_prompts), "held-out prompts (weights/heldout_prompts.jsonl)"
+    except ValueError as e:
+        die(str(e))
+    try:
         device = get_device(args.device)
     except ValueError as e:
         die(str(e))
@@ -531,13 +538,6 @@ def main(argv=None):
         die("--dtype bfloat16 needs --device cuda")
 
     enc = data.get_encoding()
-    try:
-        if args.prompts:
-            texts, source = data.read_prompts_file(args.prompts), args.prompts
-        else:
-            texts, source = data.reference_prompts(args.n_prompts), "held-out prompts (weights/heldout_prompts.jsonl)"
-    except ValueError as e:
-        die(str(e))
 
     def skip(m, why):  # methods named in --methods must run; the others may be left out
         if named:

@@ -143,6 +143,8 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
 
 @pytest.mark.parametrize("flags, expect", [
     (["--n-prompts", "0"], "--n-prompts must be >= 1, got 0"),
+    (["--n-prompts", str(data.N_REFERENCE_PROMPTS + 1)], f"holds {data.N_REFERENCE_PROMPTS} prompts"),
+    (["--prompts", "no/such/file.jsonl"], "cannot read"),
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
@@ -151,7 +153,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
-def test_a_bad_number_names_its_flag_before_any_work(flags, expect, capsys):
+def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(flags)
     out = capsys.readouterr()

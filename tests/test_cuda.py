@@ -267,13 +267,31 @@ def dflash_outputs(device, dtype, mode, monkeypatch, check_plain=False):
         for op in ("kv_inject", "accept_scan"):
             fn = getattr(module, op)
             monkeypatch.setattr(module, op, lambda *a, fn=fn, op=op: calls.append(op) or fn(*a))
-    prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15]]
-    outs, _ = speculate.generate(target, prompts, DFlashDrafter(target, df), max_new_tokens=24, K=7)
+    outs, _ = speculate.generate(target, E2E_PROMPTS, DFlashDrafter(target, df), max_new_tokens=24, K=7)
     if mode != "0":
         assert "kv_inject" in calls and "accept_scan" in calls, calls
     if check_plain:
-        assert outs == speculate.generate(target, prompts, None, max_new_tokens=24)[0]
+        assert outs == speculate.generate(target, E2E_PROMPTS, None, max_new_tokens=24)[0]
     return outs
+
+
+E2E_PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15]]
+
+
+def test_the_end_to_end_case_has_no_near_tie():
+    """On a GPU, test_dflash_end_to_end_cuda compares float32 DFlash with plain decoding. A
+    verify pass rounds differently from one-token steps (logits ~1e-5 apart in float32, README
+    Troubleshooting), so a token that wins by less could flip without a bug. Here each greedy
+    token wins by far more (the smallest margin measured: 0.007), so a mismatch there is a bug."""
+    import speculate
+    from test_dflash import setup
+    target, _ = setup(block_size=8)
+    outs = speculate.generate(target, E2E_PROMPTS, None, max_new_tokens=24)[0]
+    for p, o in zip(E2E_PROMPTS, outs):
+        with torch.no_grad():
+            logits = target(torch.tensor([p + o]))[0][0, len(p) - 1:-1]  # the logits each token was chosen from
+        top = logits.topk(2, dim=-1).values
+        assert len(o) == 24 and (top[:, 0] - top[:, 1]).min() > 1e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
