@@ -394,7 +394,8 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device    {device} ({name}) | dtype {str(dtype).replace('torch.', '')} | torch {torch.__version__} | "
           f"CUDA extension active: {cuda_ext_active(device)}")
-    print(f"target    preset {args.preset} | {target.n_params() / 1e6:.2f}M params | {target_path}")
+    preset = (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")  # as trained, not --preset
+    print(f"target    preset {preset} | {target.n_params() / 1e6:.2f}M params | {target_path}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items() if d) or "none"))
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"

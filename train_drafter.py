@@ -285,8 +285,8 @@ def main(args):
     if owns_run and os.path.exists(run_file):
         os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {path}")
-    print(f"measure it: python bench.py --target {os.path.relpath(args.target)} --weights {os.path.relpath(args.out_dir)} "
-          f"--methods {args.method}")
+    short = lambda p: os.path.abspath(p) if os.path.relpath(p).startswith("..") else os.path.relpath(p)  # no ../../tmp
+    print(f"measure it: python bench.py --target {short(args.target)} --weights {short(args.out_dir)} --methods {args.method}")
 
 
 def get_parser():
@@ -330,8 +330,8 @@ def get_parser():
     g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size S (drafts S-1 tokens)")
     g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's loss weight is "
-                   f"exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it beat the paper's 7 for B = 16, "
-                   "whose values are 5 for B = 10 and 4 for B = 8)")
+                   f"exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it beat the paper's 7 for S = 16, "
+                   "whose values are 5 for S = 10 and 4 for S = 8)")
     g.add_argument("--anchors", type=int, default=8,
                    help="dflash: anchors (blocks) per sequence per step. Few anchors, many steps: on the cpu "
                         "preset 8 reached agreement 0.23 in 6 min where 32 reached 0.13 (the paper's many "

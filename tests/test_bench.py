@@ -110,6 +110,13 @@ def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights
     assert e.value.code == 2 and f"holds {data.N_REFERENCE_PROMPTS} prompts" in capsys.readouterr().err
 
 
+def test_the_card_names_the_preset_the_target_was_trained_as(weights, capsys):
+    # --preset picks where bench looks for weights; with --weights DIR it says nothing of the target
+    bench.main(["--weights", str(weights), "--preset", "cpu", "--methods", "ar", "--temperatures", "0",
+                "--n-prompts", "1", "--max-new-tokens", "2"])
+    assert "target    preset tiny | " in capsys.readouterr().out
+
+
 def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "def f():"}\n{"prompt": 3}\n')

@@ -742,13 +742,22 @@ def test_gpu_check_fits_one_device_call_and_names_real_modules():
     names under $LOG must be no more than the call brings back."""
     script = open(os.path.join(os.path.dirname(cuda.__file__), "gpu_check.sh")).read()
     limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
-    assert len(limits) == 7 and sum(limits) <= 590, limits
+    assert len(limits) == 8 and sum(limits) <= 590, limits
     for mod in ("cuda", "cuda.sdpa_probe", "pytest"):
         assert f"$PY -m {mod}" in script
         __import__(mod)
     assert "$PY bench.py --device cuda" in script
     logs = set(re.findall(r'\$LOG/([^"\s]+)', script))  # the device tool brings back 8 files at most
     assert 0 < len(logs) <= 8 and not any("$" in name for name in logs), logs
+    # the training smoke's flags parse (a typo there would cost the step, found only on the GPU)
+    import train
+    import train_drafter
+    smoke = {"train.py": train.get_parser(), "train_drafter.py": train_drafter.get_parser()}
+    runs = re.findall(r"\$PY (train(?:_drafter)?\.py) ([^&|\n]+)", script)
+    assert sorted({f for f, _ in runs}) == sorted(smoke), runs
+    for f, flags in runs:
+        args = smoke[f].parse_args(flags.replace("$W", "/w").replace("$m", "dflash").split())
+        assert args.device == "cuda" and args.max_steps > 0
 
 
 def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, monkeypatch):
