@@ -109,6 +109,8 @@ def check_args(args, names):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.minutes is not None and args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    if (getattr(args, "max_steps", None) or 0) < 0:  # 0 means none; a negative one ran on the clock alone
+        raise ValueError(f"--max-steps must be >= 0 (0 = the time budget only), got {args.max_steps}")
 
 
 def eta_s(budget, elapsed, step, max_steps):

@@ -131,6 +131,8 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
 @pytest.mark.parametrize("cmd,message", [(["train_drafter.py", "--method", "dflash", "--target", "missing.pt"], "no such checkpoint"),
                                          (["train_drafter.py", "--method", "dflash", "--block-size", "1"], "--block-size must be >= 2"),
                                          (["train.py", "--preset", "tiny", "--batch-size", "0"], "--batch-size must be >= 1"),
+                                         (["train.py", "--preset", "tiny", "--max-steps", "-1"], "--max-steps must be >= 0"),
+                                         (["train_drafter.py", "--method", "mtp", "--max-steps", "-2"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--seq-len", "5000"], "outside the model's context"),
                                          (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
 def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
