@@ -73,6 +73,16 @@ def write_atomic(path, text):
     os.replace(path + ".tmp", path)
 
 
+def check_writable(flag, path):
+    """--json / --plot must be writable before the benchmark runs, not found unwritable after it."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        open(path + ".tmp", "w").close()
+        os.remove(path + ".tmp")
+    except OSError as e:
+        die(f"{flag} {path}: cannot write there ({e.strerror or e})")
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -520,6 +530,9 @@ def main(argv=None):
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_writable(flag, path)
     try:
         if args.prompts:
             texts, source = data.read_prompts_file(args.prompts), args.prompts

@@ -152,6 +152,8 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--n-prompts", "0"], "--n-prompts must be >= 1, got 0"),
     (["--n-prompts", str(data.N_REFERENCE_PROMPTS + 1)], f"holds {data.N_REFERENCE_PROMPTS} prompts"),
     (["--prompts", "no/such/file.jsonl"], "cannot read"),
+    (["--json", "/proc/bench.json"], "--json /proc/bench.json: cannot write there"),
+    (["--plot", "README.md/bench.svg"], "--plot README.md/bench.svg: cannot write there"),
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
