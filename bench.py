@@ -75,6 +75,8 @@ def write_atomic(path, text):
 
 def check_writable(flag, path):
     """--json / --plot must be writable before the benchmark runs, not found unwritable after it."""
+    if os.path.isdir(path):
+        die(f"{flag} {path}: is a folder; name a file")
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         open(path + ".tmp", "w").close()

@@ -103,13 +103,14 @@ def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
 
 
 def check_args(args, names):
-    """Counts that must be >= 1 and a budget > 0: a bad one ends in one line before any work."""
+    """Counts that must be >= 1, a budget > 0 and --max-steps >= 0: a bad one ends in one line
+    before any work."""
     for name in names:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.minutes is not None and args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if (getattr(args, "max_steps", None) or 0) < 0:  # 0 means none; a negative one ran on the clock alone
+    if (args.max_steps or 0) < 0:  # 0 means none; a negative one ran on the clock alone
         raise ValueError(f"--max-steps must be >= 0 (0 = the time budget only), got {args.max_steps}")
 
 

@@ -285,7 +285,9 @@ def main(args):
     if owns_run and os.path.exists(run_file):
         os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {path}")
-    short = lambda p: os.path.abspath(p) if os.path.relpath(p).startswith("..") else os.path.relpath(p)  # no ../../tmp
+    def short(path):  # relative, unless that climbs out of here (no ../../tmp/...)
+        rel = os.path.relpath(path)
+        return os.path.abspath(path) if rel.split(os.sep)[0] == os.pardir else rel
     print(f"measure it: python bench.py --target {short(args.target)} --weights {short(args.out_dir)} --methods {args.method}")
 
 

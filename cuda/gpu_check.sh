@@ -23,7 +23,8 @@
 # 6. a few steps of training on the GPU: a tiny target (with MTP heads, in bf16 autocast as on
 #    cuda), then distillation and each learned drafter. No test trains on a GPU, and the first
 #    `python bench.py --device cuda` trains the gpu preset (~15 min) before it prints anything,
-#    so a device bug there would cost its user those minutes. ~30 s on a 2-core CPU.
+#    so a device bug there would cost its user those minutes. ~40 s on a 2-core CPU, 8 s of it
+#    building the token bins (out/ does not travel to the device).
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
 # GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
 # whole script fits one device call (at most 600 s) even if every step hangs; expected ~4-6 min
@@ -58,8 +59,8 @@ nvcc --version | tail -2
 command -v nvcc
 $PY -c 'from torch.utils import cpp_extension as c; import cuda
 print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_flags(c.CUDA_HOME))'"
-step env 15 bash -c "$ENV_REPORT"
-step selfcheck 120 $PY -m cuda
+step env 20 bash -c "$ENV_REPORT"
+step selfcheck 110 $PY -m cuda
 # -v: a step cut off by its limit still shows which test ran last. Left out: the CPU emulation
 # (CI's stand-in for this GPU) and the compile-only nvcc test (selfcheck's build just did that)
 step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc"
@@ -68,11 +69,11 @@ B="$PY bench.py --device cuda --preset cpu"
 step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
 step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0
-TRAIN_SMOKE='W=$(mktemp -d)
-$PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 --mtp-depth 2 --eval-every 10 --eval-batches 2 --quality-prompts 0 --out-path $W/target.pt &&
+TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
+$PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 --mtp-depth 2 --eval-every 10 --eval-batches 2 --quality-prompts 0 --out-path "$W/target.pt" &&
 for m in mtp eagle dflash; do
-  $PY train_drafter.py --method $m --target $W/target.pt --out-dir $W --device cuda --n-seqs 8 --n-val-seqs 2 --gen-len 16 --max-steps 5 --eval-every 5 || exit 1
+  $PY train_drafter.py --method $m --target "$W/target.pt" --out-dir "$W" --device cuda --n-seqs 8 --n-val-seqs 2 --gen-len 16 --max-steps 5 --eval-every 5 || exit 1
 done'
-step train_smoke 45 env PY="$PY" bash -c "$TRAIN_SMOKE"
+step train_smoke 50 env PY="$PY" bash -c "$TRAIN_SMOKE"
 echo "gpu_check: logs in $LOG; $([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')" | tee -a "$TXT"
 exit $failed

@@ -141,9 +141,10 @@ def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
 
 
 def test_check_args_and_eta():
-    ok = argparse.Namespace(batch_size=1, minutes=None)
+    ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0)
     train.check_args(ok, ["batch_size"])
-    for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0")]:
+    for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0"),
+                         ({"max_steps": -1}, "--max-steps must be >= 0")]:
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"])
     assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
