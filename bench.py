@@ -398,6 +398,11 @@ def svg(results, path):
     write_atomic(path, "\n".join(out + ["</svg>\n"]))
 
 
+def trained_preset(target):
+    """The preset the target was trained as (its checkpoint's args), which --preset need not be."""
+    return (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")
+
+
 def print_card(args, device, dtype, target, target_path, drafters, source, n_prompts, repeats):
     print("\n" + "=" * 100)
     u = platform.uname()
@@ -406,8 +411,7 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device    {device} ({name}) | dtype {str(dtype).replace('torch.', '')} | torch {torch.__version__} | "
           f"CUDA extension active: {cuda_ext_active(device)}")
-    preset = (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")  # as trained, not --preset
-    print(f"target    preset {preset} | {target.n_params() / 1e6:.2f}M params | {target_path}")
+    print(f"target    preset {trained_preset(target)} | {target.n_params() / 1e6:.2f}M params | {target_path}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items() if d) or "none"))
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
@@ -532,9 +536,6 @@ def main(argv=None):
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_writable(flag, path)
     try:
         if args.prompts:
             texts, source = data.read_prompts_file(args.prompts), args.prompts
@@ -546,12 +547,15 @@ def main(argv=None):
         device = get_device(args.device)
     except ValueError as e:
         die(str(e))
-    print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "
-          f"{args.preset or ('gpu' if device.type == 'cuda' else 'cpu') + ' (follows the device)'}, dtype {args.dtype}")
-    args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
     dtype = getattr(torch, args.dtype)
     if dtype != torch.float32 and device.type != "cuda":
         die("--dtype bfloat16 needs --device cuda")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):  # last: it may create a folder
+        if path:
+            check_writable(flag, path)
+    print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "
+          f"{args.preset or ('gpu' if device.type == 'cuda' else 'cpu') + ' (follows the device)'}, dtype {args.dtype}")
+    args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
 
     enc = data.get_encoding()
 
@@ -619,7 +623,9 @@ def main(argv=None):
     print_table(results, sweep, sizes, temps[0], len(prompts))
     if args.json:
         report = dict(config=vars(args), machine=dict(device=str(device), torch=torch.__version__,
-                                                      cuda_ext=cuda_ext_active(device)), results=results)
+                                                      cuda_ext=cuda_ext_active(device)),
+                      target=dict(path=target_path, preset=trained_preset(target), params=target.n_params()),
+                      results=results)
         if sizes:
             report["batch_sweep"] = sweep
         write_atomic(args.json, json.dumps(report, indent=1) + "\n")

@@ -152,7 +152,11 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
 
 class NgramDrafter:
     """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
-    tokens (falling back to shorter n-grams) and propose the K tokens that followed it."""
+    tokens (falling back to shorter n-grams) and propose the K tokens that followed it. A row
+    with no match proposes nothing, so that step costs what a step of plain decoding costs. In a
+    batch, one rule for all rows as in MTP's gate: K drafts when any row matched, a row without a
+    match then guessing its last token K times (the verifier rejects what is wrong); none when no
+    row matched."""
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
@@ -178,11 +182,15 @@ class NgramDrafter:
                     for i in range(K):
                         ext.append(ext[start + m + i])
                     return ext[len(seq):]
-        return [seq[-1]] * K
+        return []
 
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        rows = [self._lookup(tokens[b, :int(n[b])].tolist(), K) for b in range(tokens.shape[0])]
-        return torch.tensor(rows, device=tokens.device), None  # argmax-style drafts (q one-hot)
+        seqs = [tokens[b, :int(n[b])].tolist() for b in range(tokens.shape[0])]
+        rows = [self._lookup(seq, K) for seq in seqs]
+        width = max(map(len, rows))  # K, or 0 when no row matched
+        rows = [r or seq[-1:] * width for r, seq in zip(rows, seqs)]
+        # argmax-style drafts (q one-hot); (B, 0) is a step of plain decoding
+        return torch.tensor(rows, dtype=torch.long, device=tokens.device).view(len(rows), width), None
 
 
 class ModelDrafter:
