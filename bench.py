@@ -239,6 +239,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     st["wall_s"] = time.perf_counter() - t0
     st["new_tokens"] = sum(t for t, _ in per_prompt)
     st["row_passes"] = sum(p for _, p in per_prompt)
+    st["draft_row_passes"] = st["row_passes"] - len(per_prompt)  # all but the prefills
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
     # alpha_i: of the passes that drafted position i, the share in which the first i drafts were
@@ -281,17 +282,19 @@ def measure(jobs, repeats, label):
 
 
 def predicted_speedup(st, ar):
-    """DESIGN sec. 5's formula with measured instead of modelled costs. A pass commits
-    E = 1 + sum_i alpha_i tokens per row on average (the bonus plus each accepted draft) and
-    costs t_draft + t_verify (this method's measured draft and verify seconds per pass), while
-    plain decoding commits 1 token per pass at t_ar (ar's wall seconds per pass). So
+    """DESIGN sec. 5's formula with measured instead of modelled costs. A draft-verify pass
+    commits E = 1 + (accepted drafts) / (draft-verify passes) tokens per row on average (the
+    bonus plus each accepted draft; a pass that drafted nothing, as MTP's gate or ngram without
+    a match, counts with its 1) and costs t_draft + t_verify (this method's measured draft and
+    verify seconds per pass), while plain decoding commits 1 token per pass at t_ar (ar's wall
+    seconds per pass). So
         predicted = E * t_ar / (t_draft + t_verify).
-    E can exceed the measured tau, and so predicted the measured speedup: it counts the drafts a
-    row's last pass accepts past its token budget, which are thrown away, and alpha_i counts only
-    the passes that drafted position i (MTP's gate drafts fewer in some). At
-    batch > 1 it also leaves out the passes in which finished rows ride along (E is per active
-    row). The loop's own bookkeeping is small: on a CPU, 1-2 % of a pass."""
-    E = 1 + sum(st["alpha"])
+    E can exceed the measured tau, and so predicted the measured speedup: it leaves out the
+    prefill passes, and counts the drafts a row's last pass accepts past its token budget, which
+    are thrown away. At batch > 1 it also leaves out the passes in which finished rows ride
+    along (E is per active row). The loop's own bookkeeping is small: on a CPU, 1-2 % of a pass.
+    (The chart's 1 + sum alpha_i is E over the passes that drafted, higher where some did not.)"""
+    E = 1 + sum(st["acc"]) / max(st["draft_row_passes"], 1)
     t_ar = ar["wall_s"] / ar["verify_passes"]
     return E * t_ar / ((st["draft_s"] + st["verify_s"]) / st["verify_passes"])
 

@@ -218,12 +218,15 @@ def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
 
 
 def test_predicted_speedup_and_lossless_arithmetic():
-    """Made-up stats at batch 2 (row passes != verify passes): E = 1 + 1 + 0.5 tokens per pass,
-    t_ar = 4 s / 4 passes, one pass of the method = (1 s + 1 s) / 2 passes -> 2.5x. The method's
-    row passes (3: a finished row rode along once) must not enter: costs are per verify pass."""
-    st = dict(alpha=[1.0, 0.5], draft_s=1.0, verify_s=1.0, verify_passes=2, row_passes=3)
+    """Made-up stats at batch 2 (row passes != verify passes): 6 accepted drafts over 4 row
+    passes after the prefills, E = 1 + 6 / 4 = 2.5 tokens per pass; t_ar = 4 s / 4 passes, one
+    pass of the method = (1 s + 1 s) / 2 passes -> 2.5x. Costs are per verify pass, E per row
+    pass. A row pass that drafted nothing (MTP's gate, ngram without a match) counts in E."""
+    st = dict(acc=[4, 2], att=[4, 4], draft_s=1.0, verify_s=1.0, verify_passes=2, draft_row_passes=4)
     ar = dict(wall_s=4.0, verify_passes=4, row_passes=8)
     assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
+    # the same accepted drafts in 8 row passes, 4 of which drafted nothing: alpha stays [1, 0.5]
+    assert bench.predicted_speedup(dict(st, draft_row_passes=8), ar) == pytest.approx(1.75)
     assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token
     assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 1.0) == dict(lossless=None, mismatches=0)  # sampled: by design
 
