@@ -25,7 +25,7 @@ write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
-~640 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
+~650 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
 (~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
 machine and needs no plotting dependency.
 """

@@ -38,7 +38,7 @@ drafter computed tentatively inside propose it rolls back itself.
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 460 lines against DESIGN's ~350: the loop is ~160 of them (with continuous batching);
+About 480 lines against DESIGN's ~350: the loop is ~160 of them (with continuous batching);
 the reference acceptance scan, the two drafters that need no training (ngram, a small draft
 model), the loader of every drafter and the CLI share the file.
 """
