@@ -17,6 +17,16 @@ from test_model import save_tiny, tiny_model
 ROOT = data.ROOT
 
 
+def test_lookup_hit_rate_and_the_quality_report_run():
+    # 3 follows 1 2 earlier: a hit; after 1 2 3 comes 1, not 5: a miss; 5 has no earlier match, and
+    # the last-token guess (5) is right; after 5 5 the lookup says 5, not 9: a miss
+    assert train.lookup_hit_rate([1, 2, 3, 1, 2], [3, 5, 5, 9]) == 0.5
+    assert train.lookup_hit_rate([1, 2, 3], [4, 5]) == 0.0  # no match anywhere
+    # the whole report (train.py and bench's training run it): a random target at the real vocabulary
+    q = train.quality_report(tiny_model(0, vocab=data.get_encoding().n_vocab), n_prompts=2, n_tokens=8)
+    assert all(0.0 <= q[k] <= 1.0 for k in ("repeat8_greedy", "repeat8_sampled", "lookup_greedy", "lookup_real"))
+
+
 def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):
     data.prepare()  # token bins into out/data (about 10 s the first time, cached after)
     out = tmp_path / "t.pt"
