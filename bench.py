@@ -243,7 +243,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     st["tau"] = st["new_tokens"] / st["row_passes"]
     st["tau_se"] = ratio_se(per_prompt)
     # alpha_i: of the passes that drafted position i, the share in which the first i drafts were
-    # all accepted (cumulative; MTP's gate drafts fewer than K in some passes)
+    # all accepted (cumulative; MTP's gate and ngram without a match draft fewer than K in some passes)
     st["alpha"] = [a / n for a, n in zip(st["acc"], st["att"]) if n > 0]
     return outs, st
 

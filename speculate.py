@@ -152,11 +152,11 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
 
 class NgramDrafter:
     """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
-    tokens (falling back to shorter n-grams) and propose the K tokens that followed it. A row
-    with no match proposes nothing, so that step costs what a step of plain decoding costs. In a
-    batch, one rule for all rows as in MTP's gate: K drafts when any row matched, a row without a
-    match then guessing its last token K times (the verifier rejects what is wrong); none when no
-    row matched."""
+    tokens (falling back to shorter n-grams) and propose the K tokens that followed it. Without
+    a match it proposes nothing, and the step costs what a step of plain decoding costs. A batch
+    drafts one width for all rows, as MTP's gate does: nothing when no row matched, else K, and
+    a row without a match then guesses its last token K times (the verifier rejects what is
+    wrong). Finished rows of a fixed batch take part too, so their matches can cause guesses."""
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
@@ -190,7 +190,7 @@ class NgramDrafter:
         width = max(map(len, rows))  # K, or 0 when no row matched
         rows = [r or seq[-1:] * width for r, seq in zip(rows, seqs)]
         # argmax-style drafts (q one-hot); (B, 0) is a step of plain decoding
-        return torch.tensor(rows, dtype=torch.long, device=tokens.device).view(len(rows), width), None
+        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None
 
 
 class ModelDrafter:
@@ -471,7 +471,8 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     print(args.prompt + enc.decode(outs[0]))
-    acc = " ".join(f"{a:.2f}" for a in st["acceptance_per_position"])
+    acc = " ".join(f"{a / t:.2f}" if t else "-" for a, t in  # "-": never drafted (ngram without a match)
+                   zip(st["accepted_per_position"], st["attempts_per_position"]))
     print(f"\n[{args.method} K={K if drafter else 0}] tau {st['tau']:.2f} | {st['new_tokens'] / dt:.1f} tok/s | "
           f"{st['verify_passes']} verify passes | acceptance per position: {acc or '-'}")
     if args.check:

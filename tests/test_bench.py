@@ -72,7 +72,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
             assert r["tau"] == 1.0 and r["speedup"] == 1.0 and r["acceptance_per_position"] == []
             assert r["tau_se"] == 0.0  # every prompt has tau exactly 1
         else:  # ngram drafts nothing where it finds no match, and may find none on a random target
-            assert len(r["acceptance_per_position"]) == 3 or r["method"] == "ngram"
+            assert len(r["acceptance_per_position"]) in ((0, 3) if r["method"] == "ngram" else (3,))
         # speedup is ar's wall time over this row's, at the same temperature; tok/s agrees with it
         ar = next(a for a in rows if a["method"] == "ar" and a["temperature"] == r["temperature"])
         assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
