@@ -305,7 +305,6 @@ def test_dflash_end_to_end_host_equals_reference(ext, dtype, monkeypatch):
 def test_nvidia_cuda_namespace_still_imports(tmp_path):
     """CUDA builds of torch import NVIDIA's cuda.bindings, a namespace package named like this
     one; both import orders must leave cuda.bindings and cuda.kv_inject reachable."""
-    import subprocess
     (tmp_path / "cuda" / "bindings").mkdir(parents=True)
     (tmp_path / "cuda" / "bindings" / "__init__.py").write_text("VERSION = 'fake'\n")
     root = cuda.HERE.parent
