@@ -4,8 +4,8 @@ from dataclasses import replace
 import torch
 import pytest
 
-from model import (Config, PRESETS, Transformer, generate, get_device, rope_table, save_checkpoint, load_checkpoint,
-                   weights_hash)
+from model import (Config, PRESETS, Transformer, apply_rope, generate, get_device, rope_table, save_checkpoint,
+                   load_checkpoint, weights_hash)
 
 
 def tiny_model(seed=0, vocab=97):
@@ -124,6 +124,19 @@ def test_rope_angles_are_position_times_theta_to_the_minus_2i_over_d():
     cos, sin = rope_table(cfg)  # head_dim 4: frequencies 100^0 = 1 and 100^(-2/4) = 0.1
     angles = torch.tensor([[0.0, 0.0], [1.0, 0.1], [2.0, 0.2]])
     assert torch.allclose(cos, angles.cos()) and torch.allclose(sin, angles.sin())
+
+
+def test_rope_rotates_so_that_scores_depend_on_the_offset_alone():
+    """apply_rope turns each pair (i, i + D/2) by its angle: lengths are kept and q(s) . k(t)
+    depends on t - s only. The cached and naive forwards share apply_rope, so their equality
+    cannot see a wrong sign here (that only changes which model it is)."""
+    cfg = Config(vocab_size=8, n_layer=1, n_head=1, n_kv_head=1, n_embd=8, mlp_hidden=8, max_seq_len=12)
+    cos, sin = (t[None, None] for t in rope_table(cfg))  # (1, 1, T, D/2)
+    g = torch.Generator().manual_seed(0)
+    q, k = (apply_rope(torch.randn(8, generator=g).expand(1, 1, 12, 8), cos, sin)[0, 0] for _ in range(2))
+    assert torch.allclose(q.norm(dim=-1), q[0].norm().expand(12), atol=1e-5)  # position 0 is unrotated
+    scores = q @ k.T  # (T, T): scores[s, t] = q(s) . k(t)
+    assert torch.allclose(scores[1:, 1:], scores[:-1, :-1], atol=1e-5)
 
 
 def test_temperature_and_top_k_warp():

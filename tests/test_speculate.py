@@ -615,6 +615,14 @@ def test_ngram_copies_what_followed_the_latest_occurrence():
     assert NgramDrafter(n=2)._lookup([1, 2, 9, 1, 2, 7, 1, 2], 1) == [7]
 
 
+def test_ngram_tries_the_longest_key_first_and_every_earlier_start():
+    """The longest suffix with an earlier occurrence decides: (1, 2) was followed by 3, though the
+    latest 2 alone was followed by 1. An occurrence may overlap the key: in 4 9 9 the 9 at index
+    1 is the latest earlier 9 (a scan that skipped it would find no match at all)."""
+    assert NgramDrafter(n=2)._lookup([1, 2, 3, 9, 2, 1, 2], 1) == [3]
+    assert NgramDrafter(n=2)._lookup([4, 9, 9], 2) == [9, 9]
+
+
 def test_ngram_drafts_nothing_without_a_match_and_guesses_beside_a_match():
     ng, K = NgramDrafter(), 3
     assert ng._lookup([4, 5, 6], K) == []
@@ -624,6 +632,25 @@ def test_ngram_drafts_nothing_without_a_match_and_guesses_beside_a_match():
     assert q is None and drafts.tolist() == [[6, 6, 6], [2, 1, 2], [9, 9, 9]]
     drafts, _ = ng.propose(tokens[[0, 2]], torch.tensor([3, 3]), K)
     assert drafts.shape == (2, 0) and drafts.dtype == torch.long
+
+
+def test_an_argmax_model_drafter_drafts_argmax_picks_when_sampling():
+    """ModelDrafter(sample=False) at T > 0 drafts its model's greedy continuation and returns
+    q = None (one-hot q for the verifier); sample=True returns the warped q it drew from. The
+    sampling test cannot tell them apart: the rule is lossless for either q."""
+    target, prompt = random_target(), list(prompts("random")[0])
+    tokens = torch.zeros(1, 32, dtype=torch.long)
+    tokens[0, :len(prompt)] = torch.tensor(prompt)
+    n, K, g = torch.tensor([len(prompt)]), 3, torch.Generator().manual_seed(0)
+    argmax = ModelDrafter(target, sample=False)
+    argmax.prefill(tokens, n, None)
+    drafts, q = argmax.propose(tokens, n, K, temperature=1.0, top_k=None, generator=g)
+    assert q is None and drafts[0].tolist() == naive_generate(target, prompt, K)
+    sampler = ModelDrafter(target, sample=True)
+    sampler.prefill(tokens, n, None)
+    drafts, q = sampler.propose(tokens, n, K, temperature=1.0, top_k=None, generator=g)
+    assert q.shape == (1, K, V)
+    assert torch.allclose(q[0, 0], logits_to_probs(target(torch.tensor([prompt]))[0][0, -1], 1.0), atol=1e-5)
 
 
 class NeverMatches(NgramDrafter):
@@ -675,6 +702,8 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], K=0)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         gen([[1, 2]], temperature=-0.5)
+    with pytest.raises(ValueError, match="temperature must be >= 0, got nan"):  # NaN fails every comparison
+        gen([[1, 2]], temperature=float("nan"))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         gen([[1, 2]], max_new_tokens=0)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
