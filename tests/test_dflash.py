@@ -1,5 +1,6 @@
-"""DFlash drafter: training/inference parity, the three known traps, cached context K/V,
-lossless greedy decoding at several block sizes, and a short run that learns."""
+"""DFlash drafter: training/inference parity, the training path against a plain reference of
+DESIGN's formula, the three known traps, the loss weights, cached context K/V, ragged rows, lossless
+greedy decoding at several block sizes, checkpoints, and a short run that learns."""
 import torch
 import pytest
 
@@ -336,3 +337,94 @@ def test_refill_writes_the_new_prompt_from_position_0():
     cos, sin = target.rope(torch.arange(6)[None])
     assert torch.allclose(dr.ck[:, 0:1, :, :6], apply_rope(k.transpose(2, 3), cos, sin), atol=1e-5)
     assert torch.allclose(dr.cv[:, 0:1, :, :6], v.transpose(2, 3), atol=1e-5)
+
+
+@torch.no_grad()
+def reference_block_logits(target, df, tokens, feats, a):
+    """DESIGN sec. 6 written out for one anchor a, densely and without the cache or the masks:
+    context c_0..c_{a-1} at positions 0..a-1 gives keys (k-normed, rotated) and values through
+    each layer's own W_k, W_v; the block [x_a, mask...] at a..a+S-1 attends to all of it and
+    all of itself (a plain softmax, no mask). Returns (S, V)."""
+    S = df.block_size
+    c = df.ctx_norm(df.fc(feats[:, :a]))                                         # (1, a, C)
+    x = target.embed(torch.tensor([[int(tokens[0, a])] + [df.mask_id] * (S - 1)]))
+    cos_c, sin_c = target.rope(torch.arange(a)[None])
+    cos_b, sin_b = target.rope(torch.arange(a, a + S)[None])
+    for layer in df.layers:
+        attn, h = layer.attn, layer.attn_norm(x)
+        q = attn.project_q(h, cos_b, sin_b)                                      # (1, H, S, D)
+        kc, vc = attn.project_kv(c, cos_c, sin_c)                                # (1, H_kv, a, D)
+        kb, vb = attn.project_kv(h, cos_b, sin_b)                                # (1, H_kv, S, D)
+        rep = attn.n_head // attn.n_kv_head
+        k = torch.cat([kc, kb], 2).repeat_interleave(rep, 1)
+        v = torch.cat([vc, vb], 2).repeat_interleave(rep, 1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / attn.head_dim ** 0.5, -1)
+        x = x + attn.wo((att @ v).transpose(1, 2).reshape(1, S, -1))
+        x = x + layer.mlp(layer.mlp_norm(x))
+    return target.head(df.norm(x))[0]
+
+
+@torch.no_grad()
+def test_training_logits_equal_a_plain_reference_of_the_design():
+    """The parity test above compares two paths of this file with each other, so an error both
+    share (RoPE positions of block or context, k-norm, the mask) passes it; this one compares
+    the training path with DESIGN's formula written out. Anchors at the start, middle and end."""
+    target, df = setup(7)
+    tokens = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(0))
+    feats = feats_of(target, df, tokens)
+    anchors = torch.tensor([[1, 12, 27]])
+    train, _ = df.train_logits(target, tokens, feats, anchors)
+    for i, a in enumerate(anchors[0].tolist()):
+        assert (train[0, i] - reference_block_logits(target, df, tokens, feats, a)).abs().max() < 1e-4, a
+
+
+@torch.no_grad()
+def test_loss_weights_at_a_finite_gamma():
+    """At train_drafter's gamma = 4, block position k's cross-entropy is weighted exp(-(k-1)/4),
+    normalised by the weights of the real labels. The gamma limits above cannot tell this from
+    another decay with the same limits, e.g. exp(-(k-1)/(2 gamma))."""
+    import torch.nn.functional as F
+    target, df = setup()
+    S = df.block_size
+    tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(0))
+    feats = feats_of(target, df, tokens)
+    anchors = torch.tensor([[1, 15], [5, 10]])  # 15: positions 1..4 have labels
+    logits, pos = df.train_logits(target, tokens, feats, anchors)
+    labels = tokens.gather(1, pos[:, :, 1:].clamp(max=19).flatten(1)).view(2, 2, -1)
+    ce = F.cross_entropy(logits[:, :, 1:].flatten(0, 2), labels.flatten(), reduction="none").view(2, 2, -1)
+    w = torch.exp(-torch.arange(S - 1) / 4.0) * (pos[:, :, 1:] < 20)
+    df.gamma = 4.0
+    assert torch.allclose(df.loss(target, tokens, feats, anchors)[0], (ce * w).sum() / w.sum(), atol=1e-5)
+
+
+@torch.no_grad()
+def test_rows_of_different_context_lengths_draft_as_if_alone():
+    """In a batch each row's block sees its own context only, not the slots that pad it to
+    the longest row: its block logits equal those of the row decoded alone."""
+    target, df = setup()
+    S = df.block_size
+    tokens = torch.zeros(3, 40, dtype=torch.long)
+    tokens[:, :12] = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+    n = torch.tensor([12, 5, 9])
+    dr = DFlashDrafter(target, df)
+    dr.prefill(tokens, n, feats_of(target, df, tokens[:, :11]))
+    batch = dr.block_logits(tokens, n, S)
+    for b in range(3):
+        alone = DFlashDrafter(target, df)
+        alone.prefill(tokens[b:b + 1], n[b:b + 1], feats_of(target, df, tokens[b:b + 1, :int(n[b]) - 1]))
+        assert (batch[b] - alone.block_logits(tokens[b:b + 1], n[b:b + 1], S)[0]).abs().max() < 1e-4, b
+
+
+def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
+    """load_drafter rebuilds the drafter from the checkpoint's own config (none of it the
+    defaults: 1 layer, 3 features, block 8) and refuses a checkpoint of another target."""
+    from draft_diffusion import load_drafter
+    from model import save_checkpoint, weights_hash
+    target, df = setup(block_size=8, n_layer=1)
+    save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
+                                                      target_hash=weights_hash(target.cfg, target.state_dict())))
+    dr = load_drafter(target, str(tmp_path))
+    assert dr.dflash.config_dict() == df.config_dict() and dr.block_size == 8 and dr.hidden_layers == df.hidden_layers
+    assert all(torch.equal(v, df.state_dict()[k]) for k, v in dr.dflash.state_dict().items())
+    with pytest.raises(ValueError, match="retrain"):
+        load_drafter(tiny_model(1), str(tmp_path))

@@ -262,3 +262,39 @@ def test_unroll_steps_are_weighted_0_8_to_the_j(label_from):
 
 def test_four_layer_target_gets_low_middle_high_taps():
     assert default_layers(4) == (1, 2, 3) and default_layers(3) == (1, 2, 3)
+
+
+@torch.no_grad()
+def test_every_proposal_equals_a_fresh_drafters_after_ragged_acceptance():
+    """After verify steps that accept a different number of drafts per row, every proposal
+    equals the one a new drafter makes from the committed tokens alone (prefilled with their
+    true features): update stores each verify pass's features at their own positions, and
+    propose rolls back its tentative chain entries. Lossless decoding sees neither (only the
+    drafts would change). Random weights never get a draft accepted, so the drafts are
+    replaced after the check: the target's greedy tokens for m of them, m per row and step."""
+    from model import generate as naive_generate
+    target = frozen(tiny_model(3))
+    e = random_eagle(target, seed=2)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 97, (L,), generator=g).tolist() for L in (9, 3, 14)]
+    d = EagleDrafter(target, e)
+    propose, steps = d.propose, []
+
+    def checked(tokens, n, K, **kw):
+        drafts, q = propose(tokens, n, K, **kw)
+        for b in range(len(n)):
+            N = int(n[b])
+            buf = torch.zeros(1, N + K + 1, dtype=torch.long)
+            buf[0, :N] = tokens[b, :N]
+            fresh = EagleDrafter(target, e)
+            fresh.prefill(buf, n[b:b + 1], features(target, buf[:, :N - 1], e.hidden_layers))
+            assert torch.equal(drafts[b], fresh.propose(buf, n[b:b + 1], K)[0][0]), (len(steps), b)
+            greedy = naive_generate(target, tokens[b, :N].tolist(), K)
+            m = (len(steps) + 2 * b) % (K + 1)
+            drafts[b] = torch.tensor(greedy[:m] + [(t + 1) % 97 for t in greedy[m:]])
+        steps.append(n.tolist())
+        return drafts, q
+    d.propose = checked
+    outs, st = speculate.generate(target, prompts, d, max_new_tokens=20, K=4)
+    assert outs == [naive_generate(target, p, 20) for p in prompts]
+    assert len(steps) > 5 and max(st["acceptance_per_position"]) > 0

@@ -318,3 +318,22 @@ def test_a_deeper_loss_trains_the_shallower_modules_and_the_trunk():
     losses[1].backward()
     assert h0.grad.abs().sum() > 0
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads.mods[0].parameters() if p.dim() == 2)
+
+
+@torch.no_grad()
+def test_mtp_draft_caps_the_drafts_when_more_are_asked_for():
+    """--mtp-draft N (n_draft) is a cap on every step, also when the caller asks for K > N:
+    N drafts, the first N of the whole chain's."""
+    target = random_target()
+    heads = random_mtp(target)
+    tokens = torch.zeros(2, 24, dtype=torch.long)
+    tokens[:, :10] = torch.randint(0, V, (2, 10), generator=torch.Generator().manual_seed(5))
+    n = torch.tensor([10, 7])
+    feats = target(tokens[:, :9], hidden_layers=(target.cfg.n_layer,))[1][0]
+    full = MTPDrafter(target, heads)
+    full.prefill(tokens, n, feats)
+    chain, _ = full.propose(tokens, n, K=DEPTH)
+    capped = MTPDrafter(target, heads, n_draft=2)
+    capped.prefill(tokens, n, feats)
+    drafts, _ = capped.propose(tokens, n, K=DEPTH)
+    assert chain.shape == (2, DEPTH) and torch.equal(drafts, chain[:, :2])

@@ -302,3 +302,39 @@ def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir,
     for e in range(3):  # epochs 0, 1, 2 (steps 0-1, 2-3, 4-5)
         rows = sum(batches[2 * e:2 * e + 2], [])
         assert len(set(rows)) == 8, e
+
+
+def test_training_leaves_the_target_alone(target_dir, tmp_path, monkeypatch):
+    """The target is frozen, its embedding (whose <|mask|> row DFlash feeds) and head included:
+    after a run the target's weights in memory are still its checkpoint's. (The saved hash is
+    taken before training, so no load check would notice a target that moved.)"""
+    loaded, real = [], train_drafter.load_target
+    monkeypatch.setattr(train_drafter, "load_target", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
+    run(target_dir, "dflash", "--out-dir", str(tmp_path))
+    ref = load_target(str(target_dir / "target.pt")).state_dict()
+    assert len(loaded) == 1 and all(torch.equal(v, ref[k]) for k, v in loaded[0].state_dict().items())
+
+
+def test_model_flags_reach_each_drafter_model():
+    """--block-size, --dflash-layers, --dflash-features, --anchors, --loss-decay, --ttt-steps and
+    --mtp-depth shape the models (every other test leaves them at their defaults)."""
+    cfg = Config(vocab_size=64, **{**PRESETS["tiny"], "n_layer": 6})
+    make = lambda m, *a: train_drafter.make_drafter_model(m, argparse.Namespace(cfg=cfg), train_drafter.apply_recipe(
+        train_drafter.get_parser().parse_args(["--method", m, *a])))
+    df = make("dflash", "--block-size", "8", "--dflash-layers", "1", "--dflash-features", "3", "--anchors", "5",
+              "--loss-decay", "2")
+    assert df.config_dict() == dict(n_layer=1, n_features=3, block_size=8, anchors=5, gamma=2.0, mask_id=63)
+    assert df.hidden_layers == (1, 4, 6) and len(df.layers) == 1
+    assert make("eagle", "--ttt-steps", "3").ttt_steps == 3
+    assert make("mtp", "--mtp-depth", "2").config_dict() == {"depth": 2}
+
+
+def test_distillation_data_is_rebuilt_for_other_counts_or_lengths(fake_distill, tmp_path, capsys):
+    """Other --n-seqs, --prompt-len or --gen-len make data of another shape: a cached file of
+    the old one must not be reused."""
+    base = dict(DISTILL, out_dir=str(tmp_path))  # 4 sequences of 4 + 3 tokens
+    for change in [{}, {"n_seqs": 6}, {"prompt_len": 5}, {"gen_len": 2}, {}]:
+        a = {**base, **change}
+        train, _ = train_drafter.get_distill_data(None, argparse.Namespace(**a), "abc")
+        assert train.shape == (a["n_seqs"], a["prompt_len"] + a["gen_len"]), change
+    assert capsys.readouterr().out.count("distill: reusing") == 1
