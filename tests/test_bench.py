@@ -157,6 +157,11 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
     (["--weights", "w", "--retrain"], "--weights DIR trains nothing"),
+    (["--target", "t.pt"], "--target names the target for the drafters in --weights DIR"),
+    (["--K", "0"], "--K must be >= 1, got 0"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
@@ -229,6 +234,38 @@ def test_predicted_speedup_and_lossless_arithmetic():
     assert bench.predicted_speedup(dict(st, draft_row_passes=8), ar) == pytest.approx(1.75)
     assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token
     assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 1.0) == dict(lossless=None, mismatches=0)  # sampled: by design
+
+
+def test_predicted_speedup_with_no_drafting_pass_and_lossless_only_at_T0():
+    """--max-new-tokens 1: every row ends with its prefill, so no pass drafted: E = 1, not a
+    division by zero. Any T > 0, not only 1, samples: no token-for-token check there."""
+    st = dict(acc=[0, 0], att=[0, 0], draft_s=0.0, verify_s=2.0, verify_passes=1, draft_row_passes=0)
+    assert bench.predicted_speedup(st, dict(wall_s=1.0, verify_passes=1, row_passes=2)) == pytest.approx(0.5)
+    assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 0.5) == dict(lossless=None, mismatches=0)
+    assert bench.lossless([[1, 2, 3]], [[1, 2, 3]], 0.0) == dict(lossless=True, mismatches=0)
+
+
+def test_repeat8_is_the_mean_over_rows_of_repeated_8_grams():
+    """A row of 20 equal tokens repeats 12 of its 13 8-grams (4-grams would be 16 of 17); a row
+    of distinct tokens none: the card's figure is the mean over rows."""
+    assert bench.repeat8([[7] * 20, list(range(20))]) == pytest.approx(12 / 13 / 2)
+
+
+def test_run_sums_the_stats_of_its_batches(monkeypatch):
+    """run() over two generate calls (batch 2, three prompts): tokens and passes add up, tau is
+    per row pass, the drafting passes leave out one prefill per prompt, and alpha leaves out a
+    position no pass drafted (no share of nothing)."""
+    fake = [([[1, 2, 3], [4, 5]], dict(verify_passes=3, draft_s=0.5, verify_s=1.0, row_passes=[2, 2],
+                                       accepted_per_position=[2, 1, 0], attempts_per_position=[2, 2, 0])),
+            ([[6, 7, 8, 9]], dict(verify_passes=2, draft_s=0.25, verify_s=0.5, row_passes=[2],
+                                  accepted_per_position=[1, 1, 0], attempts_per_position=[1, 1, 0]))]
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: fake.pop(0))
+    args = argparse.Namespace(continuous=False, max_new_tokens=4, top_k=None, seed=0)
+    outs, st = bench.run(tiny_model(), None, [[1], [2], [3]], 3, 0.0, args, 2)
+    assert outs == [[1, 2, 3], [4, 5], [6, 7, 8, 9]] and not fake
+    assert (st["new_tokens"], st["row_passes"], st["draft_row_passes"], st["verify_passes"]) == (9, 6, 3, 5)
+    assert st["tau"] == 1.5 and st["tau_se"] == pytest.approx(bench.ratio_se([(3, 2), (2, 2), (4, 2)]))
+    assert (st["draft_s"], st["verify_s"]) == (0.75, 1.5) and st["alpha"] == [1.0, pytest.approx(2 / 3)]
 
 
 def test_tau_standard_error():

@@ -123,6 +123,46 @@ def test_kv_inject_host_checks(ext):
                       torch.zeros(4, 1), torch.zeros(4, 1))
 
 
+def test_kv_inject_refuses_a_negative_offset(ext):
+    """Row 1 at offset -1 would write slot -1, i.e. the end of the slice before it: the reference
+    and the host path refuse it, as they refuse a row past the end."""
+    args = list(make_kv_case(1, 2, 2, 8, 10, 4))
+    args[4], args[5] = torch.tensor([0, -1]), torch.tensor([0, 2])
+    with pytest.raises(ValueError, match="offsets"):
+        cuda.kv_inject_ref(*args)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ext.kv_inject(*args)
+    assert args[0].isnan().all() and args[1].isnan().all()
+
+
+def test_kv_inject_short_row_at_the_end_of_the_rope_tables(built):
+    """A row with fewer new tokens than T_new in the last slot (as the other rows of a refill
+    are, with count 0 at their own offsets): its padding lies past the RoPE tables, and only
+    its real token is rotated and written, by every path."""
+    args = list(make_kv_case(2, 2, 1, 8, 10, 4, seed=5))  # P = T_max = 10
+    args[4], args[5] = torch.tensor([9, 0]), torch.tensor([1, 4])  # row 0's padding at positions 10..12
+    k_loop, v_loop = args[0].clone(), args[1].clone()
+    kv_inject_loop(k_loop, v_loop, *args[2:])
+    ref_k, ref_v = args[0].clone(), args[1].clone()
+    cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+    assert mismatches(ref_k, k_loop) == (0, 0.0) and mismatches(ref_v, v_loop) == (0, 0.0)
+    built.kv_inject(*args)
+    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+
+
+def test_accept_scan_host_sampling_keeps_nan_like_the_reference(ext):
+    """The host loop's residual lets NaN through (torch's clamp) and clamps the token to V - 1,
+    like the reference: a NaN in each row's emitted distribution gives token 96 of V = 97."""
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q", seed=8)
+    n = cuda.accept_scan_ref(p, drafts, q, u)[0]
+    for b in range(3):  # at a token no draft of the row is
+        p[b, n[b], next(j for j in range(97) if j not in drafts[b])] = float("nan")
+    for qq in (q, None):  # drafts from q, and argmax drafts (q one-hot)
+        n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, qq, u)
+        assert nxt_ref.tolist() == [96] * 3 or qq is None
+        assert all(torch.equal(a, b) for a, b in zip(ext.accept_scan(p, drafts, qq, u, 1), (n_ref, nxt_ref)))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_SHAPES)
 def test_accept_scan_host(ext, shape, mode):
@@ -212,6 +252,31 @@ def test_each_path_is_announced_once_per_op(monkeypatch, capsys):
     for _ in range(3):
         cuda.accept_scan(p, drafts, q, u)
     assert capsys.readouterr().out.count("accept_scan on cpu uses the reference path") == 1
+
+
+def test_each_op_is_announced_under_its_own_name(monkeypatch, capsys):
+    monkeypatch.setattr(cuda, "_announced", set())
+    monkeypatch.setenv(cuda.ENV, "0")
+    kv, (p, drafts, q, u) = make_kv_case(1, 2, 1, 8, 10, 4), make_accept_case(3, 4, 97, "sample_q")
+    for _ in range(2):
+        cuda.kv_inject(*kv)
+        cuda.accept_scan(p, drafts, q, u)
+    out = capsys.readouterr().out
+    assert out.count("cuda: kv_inject on cpu uses the reference path") == 1
+    assert out.count("cuda: accept_scan on cpu uses the reference path") == 1 and out.count("\n") == 2
+
+
+def test_other_devices_and_a_build_without_cuda_take_the_reference(monkeypatch):
+    """No kernels for meta (or mps) tensors: nothing is built for them. CUDA tensors with a
+    host-only build (no CUDA device when it was built) take the reference, not the host loops."""
+    monkeypatch.setenv(cuda.ENV, "host")
+    monkeypatch.setattr(cuda, "load", lambda *a, **k: pytest.fail("no kernels for meta tensors: nothing to build"))
+    assert cuda.active_path("meta") == ("reference", "no kernels for meta tensors")
+    host_only = type("HostOnly", (), {"with_cuda": False})()
+    monkeypatch.setattr(cuda, "_ext", host_only)
+    monkeypatch.setattr(cuda, "load", lambda *a, **k: host_only)
+    assert cuda.active_path("cuda") == ("reference", "extension was built without CUDA")
+    assert cuda.active_path("cpu")[0] == "extension"  # while it serves CPU tensors
 
 
 def test_a_failed_build_is_tried_once_reported_and_ctrl_c_still_stops(monkeypatch):
@@ -569,6 +634,15 @@ def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_pa
 
 # -----------------------------------------------------------------------------
 # the self-check, python -m cuda
+
+def test_mismatches_counts_nan_against_a_number_both_ways():
+    """The outputs start as NaN: a slot a path failed to write (NaN where the reference has a
+    number) is a mismatch, as is a stray write (a number where the reference kept NaN)."""
+    nan = float("nan")
+    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([2.0, 1.0])) == (1, float("inf"))
+    assert mismatches(torch.tensor([2.0, 1.0]), torch.tensor([nan, 1.0])) == (1, float("inf"))
+    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.5])) == (1, 0.5)
+
 
 def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
     """python -m cuda --emu: each kernel version on the shapes the README promises (B = 1, 3, 7;

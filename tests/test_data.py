@@ -262,6 +262,34 @@ def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, mo
     assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
+def test_bins_hold_each_document_followed_by_endoftext(tmp_path, monkeypatch, enc):
+    tiny_corpus(tmp_path, monkeypatch)
+    meta = data._prepare(str(tmp_path / "out"), False)
+    for split, name in (("train", "a"), ("val", "b")):
+        tokens = np.fromfile(meta["paths"][split], dtype=np.uint16).tolist()
+        assert tokens == enc.encode_ordinary(f"def {name}():\n    return 1\n") + [enc.eot_token]
+        assert meta["tokens"][split] == len(tokens)
+
+
+def test_the_split_is_the_hash_of_the_key_on_any_machine(tmp_path, monkeypatch):
+    """A file is held out iff sha1(key) % 1000 < VAL_PER_MILLE, whatever else is installed: files
+    whose keys hash to just under and exactly at the threshold fall on either side of it."""
+    names = {}
+    for i in range(100_000):  # the first names whose keys hash to 19 and 20 per mille
+        h = int(hashlib.sha1(f"stdlib/m{i}.py".encode()).hexdigest()[:8], 16) % 1000
+        if h in (data.VAL_PER_MILLE - 1, data.VAL_PER_MILLE):
+            names.setdefault(h, f"m{i}.py")
+        if len(names) == 2:
+            break
+    for name in names.values():
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(data.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)  # no torch, no numpy
+    files = data.corpus_files.__wrapped__()
+    assert [k for k, _ in files["val"]] == ["stdlib/" + names[data.VAL_PER_MILLE - 1]]
+    assert [k for k, _ in files["train"]] == ["stdlib/" + names[data.VAL_PER_MILLE]]
+
+
 def test_a_cut_near_the_end_of_a_file_is_skipped(monkeypatch):
     text = "x = 1\n" * 50 + "def f(x):\n    y = x\n    z = y\n    w = z\n" + "return w\n" * 5
     monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text)]))

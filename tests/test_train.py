@@ -170,6 +170,17 @@ def test_lr_schedule_endpoints():
     assert train.lr_at(1.0, 10, args) == pytest.approx(0.1)    # fully decayed to lr * min_lr_frac
 
 
+def test_every_parameter_group_follows_the_schedule(tmp_path):
+    """The norm gains (no-decay group) warm up and decay with the matrices, not stay at the peak
+    lr AdamW was built with: after 2 of 4 warm-up steps both groups are at lr * 2/4."""
+    train.main(train.get_parser().parse_args(
+        ["--preset", "tiny", "--max-steps", "2", "--minutes", "5", "--seq-len", "16", "--batch-size", "2",
+         "--eval-batches", "1", "--quality-prompts", "0", "--lr", "0.01", "--warmup-steps", "4",
+         "--out-path", str(tmp_path / "t.pt"), "--threads", "1", "--device", "cpu"]))
+    groups = load_checkpoint(str(tmp_path / "t.pt"))["optimizer"]["param_groups"]
+    assert len(groups) == 2 and [g["lr"] for g in groups] == [pytest.approx(0.005)] * 2
+
+
 def test_bits_per_byte():
     """bits per byte = nats per token / ln 2 x tokens / bytes: token ids < 256 are single bytes,
     merged tokens are several."""
