@@ -18,9 +18,10 @@ so each keeps a KV cache of its own. Module k's entry at position p is exact onl
 input token x_{p+k} is committed, i.e. p <= N-1-k: each propose() first catches every module
 up on positions that became exact, runs the draft chain, then rolls the tentative entries
 back. Confidence gating (`--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4 engine):
-draft at most N tokens, and stop the chain after the first module at which every row's top-1
-vs top-2 raw-logit margin is below M (one rule for the whole batch; that module's draft is
-still proposed).
+draft at most N tokens, and stop a row's chain after the first module at which its top-1 vs
+top-2 raw-logit margin is below M (that module's draft is still proposed); a stopped row leaves
+its later slots empty (NO_DRAFT) while other rows draft on, and the chain ends when every row
+has stopped.
 
 Size: ~200 lines against DESIGN's ~150, because it holds both ways of training (native inside
 train.py, post-hoc as PostHocMTP) and the drafter's per-module caches with their catch-up on
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 
 from kv_cache import KVCache
 from model import Block, RMSNorm, weights_hash, load_checkpoint
-from speculate import draft_token, ragged_positions
+from speculate import NO_DRAFT, draft_token, ragged_positions
 
 
 class MTPModule(nn.Module):
@@ -163,6 +164,7 @@ class MTPDrafter:
         ext = tokens.clone()                           # committed tokens, then drafts past n
         rows = torch.arange(B, device=n.device)
         drafts, qs = [], []
+        stopped = torch.zeros(B, dtype=torch.bool, device=n.device)  # by the confidence gate
         for k in range(1, min(K, self.max_K) + 1):
             mod, cache = self.mtp.mods[k - 1], self.caches[k - 1]
             cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
@@ -179,12 +181,13 @@ class MTPDrafter:
             cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))
             logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k
             d, q = draft_token(logits, temperature, top_k, generator, self.sample)
-            drafts.append(d)
+            drafts.append(torch.where(stopped, NO_DRAFT, d))
             qs += [q] if q is not None else []
-            ext[rows, n - 1 + k] = d
-            if self.margin > 0 and k < self.max_K:     # confidence gate: stop when unsure
+            ext[rows, n - 1 + k] = d                   # a stopped row's chain runs on, unused
+            if self.margin > 0 and k < self.max_K:     # confidence gate: a row stops when unsure
                 top2 = logits.float().topk(2, -1).values
-                if bool((top2[:, 0] - top2[:, 1] < self.margin).all()):
+                stopped |= top2[:, 0] - top2[:, 1] < self.margin
+                if bool(stopped.all()):
                     break
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
 

@@ -25,7 +25,10 @@ draft_eagle.py and draft_diffusion.py hold the others):
     prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for the padded prompts
                                   (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
-                                  K' <= K; q None means the drafts are argmax picks (q one-hot)
+                                  K' <= K; q None means the drafts are argmax picks (q one-hot);
+                                  NO_DRAFT (-1) marks a row's drafts as ending early: that
+                                  slot is rejected and its token drawn from p alone, so a row
+                                  with fewer drafts decodes as it would alone
     update(tokens, n, feats, n_new)  feats (B, K'+1, F) of the verify pass; its first n_new (B,)
                                   positions are now fed for good (the old pending token and the
                                   accepted drafts; the emitted token has no features yet);
@@ -38,7 +41,7 @@ drafter computed tentatively inside propose it rolls back itself.
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 480 lines against DESIGN's ~350: the loop is ~160 of them (with continuous batching);
+About 500 lines against DESIGN's ~350: the loop is ~160 of them (with continuous batching);
 the reference acceptance scan, the two drafters that need no training (ngram, a small draft
 model), the loader of every drafter and the CLI share the file.
 """
@@ -54,12 +57,15 @@ from model import draw, logits_to_probs
 # -----------------------------------------------------------------------------
 # the acceptance rule
 
+NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never accepted, q = 0 there
+
 def accept_scan_ref(p, drafts, q=None, uniforms=None):
     """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
 
     p        (B, K+1, V)  target: raw logits when greedy (uniforms is None), else the warped
                           probabilities (the warp plain decoding samples from)
-    drafts   (B, K)       draft tokens d_1..d_K
+    drafts   (B, K)       draft tokens d_1..d_K; a negative one (NO_DRAFT) is an empty slot:
+                          rejected, and the emitted token there comes from p alone
     q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
                           argmax picks
     uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
@@ -71,30 +77,33 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     ar = torch.arange(K1, device=p.device)
     if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
         best = p.argmax(-1)                                      # (B, K+1)
-        ok = drafts == best[:, :K]                               # (B, K)
+        ok = drafts == best[:, :K]                               # (B, K); never at NO_DRAFT
         n_acc = torch.cumprod(ok.long(), dim=1).sum(1)           # length of the accepted prefix
         # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
         return n_acc, best.gather(1, n_acc[:, None])[:, 0]
     p = p.float()
-    p_d = p[:, :K].gather(2, drafts[:, :, None])[..., 0]         # p_i(d_i)       (B, K)
-    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, drafts[:, :, None])[..., 0]
+    has = drafts >= 0                                            # (B, K): not an empty slot
+    d = drafts.clamp(min=0)                                      # in range for the gathers
+    p_d = p[:, :K].gather(2, d[:, :, None])[..., 0]              # p_i(d_i)       (B, K)
+    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, d[:, :, None])[..., 0]
     # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
-    ok = uniforms[:, :K] * q_d < p_d                             # (B, K)
+    ok = (uniforms[:, :K] * q_d < p_d) & has                     # (B, K)
     n_acc = torch.cumprod(ok.long(), dim=1).sum(1)               # (B,)
     # the distribution the emitted token comes from, per row (0-based: p[:, n_acc] is the
     # target's distribution at the first rejected draft, or at the bonus position if n_acc = K):
     #   rejected (n_acc < K): residual norm(max(0, p - q)) there; with argmax drafts q is
-    #   one-hot at the draft, so the residual is p with the draft removed
+    #   one-hot at the draft, so the residual is p with the draft removed; an empty slot has
+    #   q = 0 there, so the token comes from p itself, as in plain decoding
     #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
     p_n = p.gather(1, n_acc[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
     q_n = torch.zeros_like(p_n)                                  # no q beyond the drafts
     if K > 0:
         i = n_acc.clamp(max=K - 1)  # keeps the gather in range; the where below zeroes n_acc = K
         if q is None:
-            q_n.scatter_(1, drafts.gather(1, i[:, None]), 1.0)
+            q_n.scatter_(1, d.gather(1, i[:, None]), 1.0)
         else:
             q_n = q.float().gather(1, i[:, None, None].expand(B, 1, V))[:, 0]
-        q_n = torch.where((n_acc < K)[:, None], q_n, torch.zeros_like(q_n))
+        q_n = torch.where(((n_acc < K) & has.gather(1, i[:, None])[:, 0])[:, None], q_n, torch.zeros_like(q_n))
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejection implies p_i(d_i) < q_i(d_i), so sum(r) > 0 in exact arithmetic; guard
     # against rounding anyway by falling back to p itself.
@@ -153,10 +162,9 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
 class NgramDrafter:
     """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
     tokens (falling back to shorter n-grams) and propose the K tokens that followed it. Without
-    a match it proposes nothing, and the step costs what a step of plain decoding costs. A batch
-    drafts one width for all rows, as MTP's gate does: nothing when no row matched, else K, and
-    a row without a match then guesses its last token K times (the verifier rejects what is
-    wrong). Finished rows of a fixed batch take part too, so their matches can cause guesses."""
+    a match it proposes nothing, and the step costs what a step of plain decoding costs. In a
+    batch a row without a match leaves its slots empty (NO_DRAFT) beside rows that drafted, so
+    every row decodes as it would alone."""
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
@@ -188,7 +196,7 @@ class NgramDrafter:
         seqs = [tokens[b, :int(n[b])].tolist() for b in range(tokens.shape[0])]
         rows = [self._lookup(seq, K) for seq in seqs]
         width = max(map(len, rows))  # K, or 0 when no row matched
-        rows = [r or seq[-1:] * width for r, seq in zip(rows, seqs)]
+        rows = [r or [NO_DRAFT] * width for r in rows]
         # argmax-style drafts (q one-hot); (B, 0) is a step of plain decoding
         return torch.tensor(rows, dtype=torch.long, device=tokens.device), None
 
@@ -354,7 +362,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         Kd = drafts.shape[1]  # K' <= K: MTP's confidence gate may draft fewer
         _sync(device); t1 = time.perf_counter()
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
-        x = torch.cat([tokens[rows, n - 1][:, None], drafts], 1)  # (B, K+1)
+        # (an empty slot feeds token 0: nothing from it on is accepted, and the cache rolls back)
+        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)  # (B, K+1)
         logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K+1, V)
         # 3-4. accept a prefix of the drafts, then one token of the target's own
         if sampling:
@@ -385,14 +394,16 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         stats["draft_s"] += t1 - t0
         stats["verify_s"] += t2 - t1
         stats["verify_passes"] += 1
-        # per-position acceptance over active rows, moved to the host in one transfer
+        # per-position acceptance over the active rows that drafted there, moved to the host
+        # in one transfer
         active = ~done
-        accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & active[:, None]).sum(0)
-        active, accepted = active.tolist(), accepted.tolist()
+        drafted = (drafts >= 0) & active[:, None]                   # (B, K')
+        accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)
+        active, attempts, accepted = active.tolist(), drafted.sum(0).tolist(), accepted.tolist()
         for b, a in enumerate(active):
             stats["row_passes"][slot[b]] += a
         for i in range(Kd):
-            stats["attempts_per_position"][i] += sum(active)
+            stats["attempts_per_position"][i] += attempts[i]
             stats["accepted_per_position"][i] += accepted[i]
         # rows finish on their token budget or on the stop token (among what they just committed)
         if stop_token is not None:

@@ -55,14 +55,16 @@ def quantize(probs, bits=16):
 def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0, exact=True):
     """Random accept_scan arguments (p, drafts, q, uniforms) for mode 'greedy', 'sample_q' (real
     q) or 'sample_argmax' (q = None). Drafts are made plausible so that rows accept anywhere
-    from 0 to K; greedy logits have ties; exact=True quantizes the probabilities (quantize)."""
+    from 0 to K; greedy logits have ties; exact=True quantizes the probabilities (quantize).
+    With B >= 3 the last row leaves its slots from K // 2 on empty (-1, speculate.NO_DRAFT), as a
+    prompt-lookup row without a match does beside rows that drafted."""
     g = torch.Generator().manual_seed(seed)
     if mode == "greedy":
         logits = (torch.randn(B, K + 1, V, generator=g) * 2).round()    # (B, K+1, V) many ties
         drafts = logits[:, :K].argmax(-1)                                # (B, K) the target's picks ...
         wrong = torch.rand(B, K, generator=g) < 1.5 / (K + 1)            # ... with some mistakes
         drafts = torch.where(wrong, torch.randint(0, V, (B, K), generator=g), drafts)
-        return logits.to(dtype).to(device), drafts.to(device), None, None
+        return logits.to(dtype).to(device), empty_tail(drafts).to(device), None, None
     drafts = torch.randint(0, V, (B, K), generator=g)                    # (B, K)
     logits = torch.randn(B, K + 1, V, generator=g) * 2
     bump = torch.rand(B, K, generator=g) * 14                            # make p(d_i) large, sometimes
@@ -78,7 +80,13 @@ def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0, e
             p[0, 0, drafts[0, 0]] = 0.0
             q[0] = p[0, :K]
     uniforms = torch.rand(B, K + 1, generator=g)                         # (B, K+1) float32
-    return p.to(dtype).to(device), drafts.to(device), None if q is None else q.to(device), uniforms.to(device)
+    return p.to(dtype).to(device), empty_tail(drafts).to(device), None if q is None else q.to(device), uniforms.to(device)
+
+
+def empty_tail(drafts):
+    if drafts.shape[0] >= 3:
+        drafts[-1, drafts.shape[1] // 2:] = -1
+    return drafts
 
 
 # -----------------------------------------------------------------------------

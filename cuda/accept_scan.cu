@@ -3,17 +3,18 @@
 // vocabulary-sized PyTorch passes. Same semantics as speculate.accept_scan_ref.
 //
 // shapes: p        (B, K+1, V)  greedy: raw logits (any float dtype); sampling: warped probs
-//         drafts   (B, K) int64 d_1..d_K
+//         drafts   (B, K) int64 d_1..d_K; negative = an empty slot (speculate.NO_DRAFT)
 //         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
 //         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
 //         returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
 // Greedy:   accept d_i while d_i == argmax p_i; emit argmax at the first mismatch, or the bonus
 //           argmax p_{K+1}. Ties go to the lowest index and NaN counts as the maximum, like
-//           torch.argmax.
+//           torch.argmax. An empty slot never equals an argmax, so needs no code.
 // Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
 //           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
-//           r has no mass): the first j with cdf_j > u_K * cdf_{V-1} (torch.searchsorted right=True;
-//           such a j always has r_j > 0, which the kernel also requires).
+//           r has no mass or slot n is empty): the first j with cdf_j > u_K * cdf_{V-1}
+//           (torch.searchsorted right=True; such a j always has r_j > 0, which the kernel also
+//           requires). An empty slot is rejected.
 //           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
 //
 // NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds
@@ -181,8 +182,8 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
     int n = K;
     for (int i = 0; i < K; i++) {
       const int64_t d = drafts[b * K + i];
-      const bool in_range = d >= 0 && d < V;
-      CUDA_KERNEL_ASSERT(in_range && "accept_scan: draft token outside [0, V)");
+      CUDA_KERNEL_ASSERT(d < V && "accept_scan: draft token outside [0, V)");
+      const bool in_range = d >= 0 && d < V;  // d < 0: an empty slot, rejected
       const float q_d = !in_range ? 1.0f : (q ? q[(b * K + i) * V + d] : 1.0f);
       const float p_d = !in_range ? 0.0f : p[(b * K1 + i) * V + d];
       if (!(u[b * K1 + i] * q_d < p_d)) { n = i; break; }
@@ -191,10 +192,12 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
   }
   __syncthreads();
   const int n = s_n;
-  // the emitted token's distribution: residual max(0, p_n - q_n); no q after the last draft
+  // the emitted token's distribution: residual max(0, p_n - q_n); no q after the last draft,
+  // none at an empty slot (there it is p_n itself)
+  const bool drafted = n < K && drafts[b * K + n] >= 0;
   const float* p_n = p + (b * K1 + n) * V;
-  const float* q_n = (q && n < K) ? q + (b * K + n) * V : nullptr;
-  const int64_t d_n = (!q && n < K) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
+  const float* q_n = (q && drafted) ? q + (b * K + n) * V : nullptr;
+  const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
   auto residual = [&](int64_t j) {
     const float d = p_n[j] - (q_n ? q_n[j] : (j == d_n ? 1.0f : 0.0f));
     return d < 0.0f ? 0.0f : d;  // clamp(min=0); NaN passes, like torch's clamp

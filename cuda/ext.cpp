@@ -169,17 +169,21 @@ static void accept_sample_host(const float* p, const int64_t* drafts, const floa
                                int64_t* n_out, int64_t* next_out, int64_t B, int64_t K, int64_t V) {
   const int64_t K1 = K + 1;
   for (int64_t b = 0; b < B; b++) {
-    // ratio test: accept d_i while u_i * q_i(d_i) < p_i(d_i)   (q one-hot when q is null)
+    // ratio test: accept d_i while u_i * q_i(d_i) < p_i(d_i)   (q one-hot when q is null);
+    // an empty slot (d < 0, NO_DRAFT) is rejected
     int64_t n = K;
     for (int64_t i = 0; i < K; i++) {
       const int64_t d = drafts[b * K + i];
+      if (d < 0) { n = i; break; }
       const float q_d = q ? q[(b * K + i) * V + d] : 1.0f;
       if (!(u[b * K1 + i] * q_d < p[(b * K1 + i) * V + d])) { n = i; break; }
     }
-    // the emitted token's distribution: residual max(0, p_n - q_n) (no q after the last draft)
+    // the emitted token's distribution: residual max(0, p_n - q_n) (no q after the last draft,
+    // none at an empty slot: there it is p_n itself)
+    const bool drafted = n < K && drafts[b * K + n] >= 0;
     const float* p_n = p + (b * K1 + n) * V;
-    const float* q_n = (q && n < K) ? q + (b * K + n) * V : nullptr;
-    const int64_t d_n = (!q && n < K) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
+    const float* q_n = (q && drafted) ? q + (b * K + n) * V : nullptr;
+    const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
     auto residual = [&](int64_t j) {
       const float d = p_n[j] - (q_n ? q_n[j] : (j == d_n ? 1.0f : 0.0f));
       return d < 0.0f ? 0.0f : d;  // clamp(min=0), NaN passes like torch's
@@ -251,8 +255,8 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(const at::Tensor& p_in, const at:
 #endif
   TORCH_CHECK(p.is_cpu(), "accept_scan: this build has no CUDA support (tensors on ", p.device(), ")");
   const int64_t* d = drafts.data_ptr<int64_t>();
-  for (int64_t i = 0; i < B * K && !greedy; i++)  // sampling indexes p and q with the drafts
-    TORCH_CHECK(d[i] >= 0 && d[i] < V, "accept_scan: draft token ", d[i], " outside [0, V = ", V, ")");
+  for (int64_t i = 0; i < B * K && !greedy; i++)  // sampling indexes p and q with the drafts (< 0: empty)
+    TORCH_CHECK(d[i] < V, "accept_scan: draft token ", d[i], " outside [0, V = ", V, ") (negative: no draft)");
   // the host path has one version: `version` selects GPU kernels only
   if (greedy) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.scalar_type(), "accept_greedy_host", [&] {

@@ -490,8 +490,10 @@ def test_kv_inject_emulated_grid_stride_covers_pairs_beyond_the_grid(emu, tmp_pa
 def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(emu):
     p, drafts, q, u = make_accept_case(2, 3, 97, "sample_q", seed=9)
     drafts[1, 0] = 97  # sampling indexes p and q with the drafts: checked in the kernel, not on the host
-    with pytest.raises(RuntimeError, match="device-side assert.*in_range"):
+    with pytest.raises(RuntimeError, match="device-side assert.*d < V"):
         emu.accept_scan(p, drafts, q, u, 1)
+    drafts[1, 0] = -1  # a negative draft is an empty slot, not an error
+    assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, q, u, 1), cuda.accept_scan_ref(p, drafts, q, u)))
 
 
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import speculate
+from speculate import NO_DRAFT
 from model import generate as naive_generate, save_checkpoint
 from mtp import MTP, MTPDrafter, PostHocMTP
 import mtp as mtp_lib
@@ -162,9 +163,10 @@ def test_mtp_draft_sets_the_default_K_and_more_than_the_depth_is_refused():
 
 
 @torch.no_grad()
-def test_margin_gate_stops_only_when_every_row_is_unsure():
-    """The gate ends a batched draft early only when all rows are below the margin: one sure
-    row keeps drafting (the unsure rows' extra drafts cost little and are verified anyway)."""
+def test_margin_gate_stops_each_row_on_its_own():
+    """The gate stops a row after its first unsure module: that row leaves its later slots
+    empty (NO_DRAFT) while a sure row drafts on, so each row drafts what it drafts alone; the
+    chain ends early only when every row is unsure."""
     target = random_target()
     heads = random_mtp(target)
     g = torch.Generator().manual_seed(5)
@@ -176,11 +178,18 @@ def test_margin_gate_stops_only_when_every_row_is_unsure():
     gaps = [float(logits.topk(2).values[0] - logits.topk(2).values[1])
             for logits in (mtp_reference(target, heads, tokens[b, :10].tolist(), [0])[0][1] for b in range(2))]
     assert abs(gaps[0] - gaps[1]) > 1e-3, gaps
+    unsure = gaps.index(min(gaps))
     for margin, fewest, most in [(sum(gaps) / 2, 2, DEPTH), (max(gaps) + 1, 1, 1)]:  # one row sure / none
         drafter = MTPDrafter(target, heads, n_draft=DEPTH, margin=margin)
         drafter.prefill(tokens, n, feats)
         drafts, _ = drafter.propose(tokens, n, K=DEPTH)
         assert fewest <= drafts.shape[1] <= most, (margin, gaps, drafts.shape)
+        assert drafts[unsure, 0] >= 0 and (drafts[unsure, 1:] == NO_DRAFT).all()
+        for b in range(2):
+            alone = MTPDrafter(target, heads, n_draft=DEPTH, margin=margin)
+            alone.prefill(tokens[b:b + 1], n[b:b + 1], feats[b:b + 1])
+            mine = [t for t in drafts[b].tolist() if t != NO_DRAFT]
+            assert alone.propose(tokens[b:b + 1], n[b:b + 1], K=DEPTH)[0][0].tolist() == mine, (margin, b)
 
 
 @torch.no_grad()
