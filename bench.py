@@ -284,8 +284,8 @@ def measure(jobs, repeats, label):
 def predicted_speedup(st, ar):
     """DESIGN sec. 5's formula with measured instead of modelled costs. A draft-verify pass
     commits E = 1 + (accepted drafts) / (draft-verify passes) tokens per row on average (the
-    bonus plus each accepted draft; a pass that drafted nothing, as MTP's gate or ngram without
-    a match, counts with its 1) and costs t_draft + t_verify (this method's measured draft and
+    bonus plus each accepted draft; a row pass that drafted nothing, as ngram's without a
+    match, counts with its 1) and costs t_draft + t_verify (this method's measured draft and
     verify seconds per pass), while plain decoding commits 1 token per pass at t_ar (ar's wall
     seconds per pass). So
         predicted = E * t_ar / (t_draft + t_verify).

@@ -26,9 +26,10 @@ draft_eagle.py and draft_diffusion.py hold the others):
                                   (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
                                   K' <= K; q None means the drafts are argmax picks (q one-hot);
-                                  NO_DRAFT (-1) marks a row's drafts as ending early: that
-                                  slot is rejected and its token drawn from p alone, so a row
-                                  with fewer drafts decodes as it would alone
+                                  NO_DRAFT (-1) in a row's last slots marks its drafts as
+                                  ending early (a suffix): that slot is rejected and its token
+                                  drawn from p alone, so a row with fewer drafts decodes as it
+                                  would alone
     update(tokens, n, feats, n_new)  feats (B, K'+1, F) of the verify pass; its first n_new (B,)
                                   positions are now fed for good (the old pending token and the
                                   accepted drafts; the emitted token has no features yet);
@@ -359,7 +360,12 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         else:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
-        Kd = drafts.shape[1]  # K' <= K: MTP's confidence gate may draft fewer
+            # finished rows draft nothing (they commit nothing), and the pass is only as wide as
+            # the longest row that drafts: ngram's matches and MTP's gate differ from row to row
+            drafts = torch.where(done[:, None], NO_DRAFT, drafts)
+            width = int((drafts >= 0).any(0).sum())
+            drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
+        Kd = drafts.shape[1]  # K' <= K
         _sync(device); t1 = time.perf_counter()
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
         # (an empty slot feeds token 0: nothing from it on is accepted, and the cache rolls back)

@@ -140,8 +140,8 @@ def test_greedy_equals_plain(name, K, kind):
 @pytest.mark.parametrize("name", ["ngram", "draft", "self"])
 def test_batch_rows_equal_rows_alone(name):
     """Each row of a ragged batch of 8 decodes exactly as it does alone, with the same number
-    of verify passes (the drafts of one row do not depend on its neighbours; ngram's guesses
-    beside a neighbour's match do, and an accepted one could save a pass: none is, here)."""
+    of verify passes (the drafts of one row do not depend on its neighbours; a row that drafts
+    less than they do leaves its other slots empty)."""
     target = loopy_target()
     batch = [list(p) for p in prompts("repetitive")]
     outs, st = speculate.generate(target, batch, make_drafter(name, target), max_new_tokens=MAX_NEW, K=4)
@@ -620,6 +620,33 @@ def test_acceptance_counts_only_rows_still_decoding():
     batch = [list(p) for p in prompts("repetitive")[:4]]
     _, st = speculate.generate(target, batch, ModelDrafter(target), max_new_tokens=MAX_NEW, K=4, batch_size=3)
     assert st["acceptance_per_position"] == [1.0] * 4
+
+
+class FirstRowOnly(ModelDrafter):
+    """The target drafts for row 0 (always accepted); every other row leaves its slots empty."""
+
+    def propose(self, tokens, n, K, **kw):
+        drafts, q = super().propose(tokens, n, K, **kw)
+        drafts[1:] = NO_DRAFT
+        return drafts, q
+
+
+def test_a_pass_is_as_wide_as_the_rows_that_still_draft():
+    """Row 0 drafts 4 tokens a pass and is done after 3 passes; row 1 drafts nothing and needs
+    15. Once row 0 is done its drafts are dropped, and the passes shrink to the 1 position of
+    plain decoding (a finished row riding along must not cost verify positions)."""
+    target = loopy_target()
+    batch = [list(p) for p in prompts("repetitive")[:2]]
+    drafter = FirstRowOnly(copy.deepcopy(target))  # a copy: the hook below counts the target's passes only
+    widths = []
+    hook = target.register_forward_pre_hook(lambda m, args: widths.append(args[0].shape[1]))
+    try:
+        outs, st = speculate.generate(target, batch, drafter, max_new_tokens=MAX_NEW, K=4)
+    finally:
+        hook.remove()
+    assert outs == [reference("repetitive", tuple(p), MAX_NEW) for p in batch]
+    assert st["row_passes"] == [1 + 3, MAX_NEW]  # 1 + 5 + 5 + 5 tokens; 1 token a pass
+    assert widths[1:] == [5] * 3 + [1] * (MAX_NEW - 4), widths  # widths[0]: the prefill
 
 
 def test_a_one_token_budget_needs_no_verify_pass_after_a_refill():
