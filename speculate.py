@@ -360,11 +360,13 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         else:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
-            # finished rows draft nothing (they commit nothing), and the pass is only as wide as
-            # the longest row that drafts: ngram's matches and MTP's gate differ from row to row
-            drafts = torch.where(done[:, None], NO_DRAFT, drafts)
-            width = int((drafts >= 0).any(0).sum())
-            drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
+            if any(taken):  # finished rows ride along (done == taken here, after retire())
+                # they draft nothing (they commit nothing), and the pass is only as wide as the
+                # longest row that drafts: ngram's matches and MTP's gate differ by row. Only
+                # here, since reading the width back waits for the drafter (a sync on a GPU)
+                drafts = torch.where(done[:, None], NO_DRAFT, drafts)
+                width = int((drafts >= 0).any(0).sum())
+                drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
         Kd = drafts.shape[1]  # K' <= K
         _sync(device); t1 = time.perf_counter()
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
