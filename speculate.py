@@ -407,7 +407,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         active = ~done
         drafted = (drafts >= 0) & active[:, None]                   # (B, K')
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)
-        active, attempts, accepted = active.tolist(), drafted.sum(0).tolist(), accepted.tolist()
+        host = torch.cat([active.long(), drafted.sum(0), accepted]).tolist()
+        active, attempts, accepted = host[:B], host[B:B + Kd], host[B + Kd:]
         for b, a in enumerate(active):
             stats["row_passes"][slot[b]] += a
         for i in range(Kd):
