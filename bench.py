@@ -11,11 +11,9 @@ model of the target's family), mtp, eagle, dflash.
     python bench.py --weights DIR                     # use the checkpoints in DIR, train nothing
     python bench.py --batch-sizes 1,4,16              # plus a throughput sweep over batch sizes
 
-Weights: the committed reference checkpoints in weights/<preset>/ when they load (they carry
-the tokenizer's hash); otherwise, or with --retrain, whatever is missing is trained into
-out/<preset>/ first (printing the plan, its minutes and progress), which later runs reuse.
-Drafters trained for the committed target go to out/<preset>/weights/ so that they never mix
-with drafters of a target trained here (each drafter checkpoint records its target's hash).
+Weights (weights.py): the committed reference checkpoints in weights/<preset>/ when they load;
+otherwise, or with --retrain, whatever is missing is trained into out/<preset>/ first (printing
+the plan, its minutes and progress), which later runs reuse.
 
 Output: a card (machine, device, dtype, sizes, prompts, budget, how much the target loops),
 one row per method and temperature (tau and its standard error over the prompts, tokens/s,
@@ -25,9 +23,9 @@ write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
 
-~650 lines instead of ~300: finding or training the weights (~110 lines), the hand-written SVG
-(~50) and the batch-size sweep live here too, so that `python bench.py` is one step on a fresh
-machine and needs no plotting dependency.
+~530 lines instead of ~300: the hand-written SVG (~50 lines), the batch-size sweep and
+the checks of every flag live here too, so that the report needs no plotting dependency and bad
+input ends in one line, not a traceback.
 """
 
 import argparse
@@ -45,17 +43,10 @@ from xml.sax.saxutils import escape
 import torch
 
 import data
-import train  # the target's and draft model's trainer; its run_path names every run file
-from model import PRESETS, get_device, load_checkpoint, load_target, weights_hash
+import weights
+from model import PRESETS, get_device
 from speculate import METHODS, generate, load_drafter
 
-CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
-MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
-# Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;
-# trained this briefly the target loops, which the card then says: the committed weights
-# are the real benchmark). Distillation data is built once and shared by the three drafters.
-MINUTES = {"data": 0.5, "target": 6.0, "draft": 1.5, "distill": 1.5, "mtp": 1.5, "eagle": 1.5, "dflash": 2.0}
-DISTILL_ARGS = ["--n-seqs", "256", "--n-val-seqs", "32", "--gen-len", "128"]
 REPEAT_WARN = 0.15  # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
 
 
@@ -91,118 +82,7 @@ def sync(device):
 
 
 # -----------------------------------------------------------------------------
-# weights: find them, or train what is missing
-
-def try_load_target(path, device, dtype):
-    """(model, None) or (None, reason): a missing file or another tokenizer is not fatal here."""
-    try:
-        return load_target(path, device=device, dtype=dtype), None
-    except (FileNotFoundError, ValueError) as e:
-        return None, str(e)
-
-
-def usable(method, folders, th):
-    """The first folder with a usable checkpoint for `method`, or None (missing, or stale: trained
-    for another target, th being this target's hash)."""
-    for d in folders:
-        path = os.path.join(d, CKPT[method])
-        if not os.path.exists(path):
-            continue
-        if method == "draft":  # a small target: only the tokenizer must match (its loader checks)
-            return d
-        try:
-            if load_checkpoint(path).get("target_hash") == th:
-                return d
-            print(f"{method}: {path} was trained for another target, not using it")
-        except ValueError as e:
-            print(f"{method}: {e}")
-    return None
-
-
-def train_resuming(trainer, what, run_file, argv):
-    """trainer.main(argv), continuing the run an earlier plan left in run_file when it was killed."""
-    resume = ["--resume", run_file] if os.path.exists(run_file) else []
-    try:
-        trainer.main(trainer.get_parser().parse_args(argv + resume))
-    except ValueError as e:  # not a run of this plan (other flags or target, a torn file): start over
-        if not resume or not os.path.exists(run_file):  # not resuming, or it resumed and finished: a real error
-            raise
-        print(f"{what}: not resuming ({e}); training from scratch")
-        trainer.main(trainer.get_parser().parse_args(argv))
-
-
-def find_or_train(args, methods, device, dtype):
-    """-> target, target_path, {method: folder of its checkpoint}, [(method, why) skipped].
-    Looks in --weights DIR only (training nothing), else in the committed weights/<preset>,
-    else in OUT/<preset>, and trains what is still missing."""
-    wanted = [m for m in methods if m in CKPT]
-    ref_dir, out_dir = os.path.join(data.WEIGHTS_DIR, args.preset), os.path.join(args.out, args.preset)
-    target = None
-    if args.weights:
-        target_path, folders, train_dir = args.target or os.path.join(args.weights, "target.pt"), [args.weights], None
-        target, why = try_load_target(target_path, device, dtype)
-        if target is None:
-            die(why)
-    elif not args.retrain and os.path.exists(os.path.join(ref_dir, "target.pt")):
-        target_path = os.path.join(ref_dir, "target.pt")
-        target, why = try_load_target(target_path, device, dtype)
-        if target is None:
-            print(f"weights: not using the committed {ref_dir}: {why}; falling back to {out_dir}")
-        else:  # drafters missing from weights/ are trained for *this* target, apart from out_dir's
-            folders, train_dir = [ref_dir, os.path.join(out_dir, "weights")], os.path.join(out_dir, "weights")
-            print(f"weights: the committed reference target {target_path}")
-    if target is None:
-        target_path, folders, train_dir = os.path.join(out_dir, "target.pt"), [out_dir], out_dir
-        target, why = try_load_target(target_path, device, dtype)
-        print(f"weights: reusing {target_path}" if target else f"weights: no usable target ({why})")
-    th = weights_hash(target.cfg, target.state_dict()) if target else None
-    draft_folders = folders if args.weights else folders + [out_dir]  # the small model fits any target
-    found = {m: usable(m, draft_folders if m == "draft" else folders, th) for m in wanted}
-    if "mtp" in found and target is not None and target.ckpt.get("mtp_state_dict"):
-        found["mtp"] = folders[0]  # native MTP heads live in the target checkpoint
-    if train_dir is None:
-        return target, target_path, {m: d for m, d in found.items() if d}, \
-            [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
-    todo = ["target"] * (target is None) + [m for m in wanted if not found[m]]
-    if todo and not os.path.exists(os.path.join(data.DATA_OUT, "data", "meta.json")):
-        todo.insert(0, "data")
-    first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
-    cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
-    if todo:
-        print(f"train: {', '.join(f'{m} (~{cost(m):g} min)' for m in todo)} into {train_dir}, "
-              f"~{sum(map(cost, todo)):g} min in all, then the benchmark"
-              + (f" ({first}'s minutes include the distillation data all drafters share)" if first else ""))
-    skipped, t_start = [], time.time()
-    for i, what in enumerate(todo, 1):
-        print(f"\n=== [{i}/{len(todo)}] {what} (~{cost(what):g} min; ~{sum(map(cost, todo[i - 1:])):g} min left "
-              f"in the plan) ===", flush=True)
-        dev = ["--device", str(device)]
-        if what == "data":
-            data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
-        elif what == "target":
-            argv = ["--preset", args.preset, "--out-path", target_path, "--minutes", str(MINUTES["target"]),
-                    "--quality-prompts", "8", *dev]
-            train_resuming(train, what, train.run_path(target_path), argv)
-            target = load_target(target_path, device=device, dtype=dtype)
-        elif what == "draft":
-            preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
-            draft_path = os.path.join(train_dir, CKPT["draft"])
-            argv = ["--preset", preset, "--out-path", draft_path, "--minutes", str(MINUTES["draft"]),
-                    "--quality-prompts", "0", *dev]
-            train_resuming(train, what, train.run_path(draft_path), argv)
-            found["draft"] = train_dir
-        else:
-            try:
-                import train_drafter
-                argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
-                        str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
-                train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, CKPT[what])), argv)
-                found[what] = train_dir
-            except Exception as e:  # a drafter module still being written must not stop the others
-                skipped.append((what, f"training failed ({type(e).__name__}: {e})"))
-        print(f"=== {what} done; {(time.time() - t_start) / 60:.1f} min since the plan started", flush=True)
-    return target, target_path, {m: d for m, d in found.items() if d}, skipped
-
+# the methods
 
 def get_drafter(method, target, folder, args):
     kw = {"dflash": dict(block_size=args.block_size, dflash_sample=not args.dflash_argmax),
@@ -567,13 +447,17 @@ def main(argv=None):
             die(f"{m} was asked for in --methods, but {why}")
         print(f"skipping {m}: {why}")
 
-    for m in [m for m in methods if m in MODULE and importlib.util.find_spec(MODULE[m]) is None]:
-        skip(m, f"{MODULE[m]}.py is missing, so it can be neither loaded nor trained")
+    module = weights.MODULE
+    for m in [m for m in methods if m in module and importlib.util.find_spec(module[m]) is None]:
+        skip(m, f"{module[m]}.py is missing, so it can be neither loaded nor trained")
         methods.remove(m)
-    target, target_path, found, skipped = find_or_train(args, methods, device, dtype)
+    try:
+        target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)
+    except weights.Unusable as e:
+        die(str(e))
     drafters = {}
     for m in methods:
-        if m in CKPT and m not in found:
+        if m in weights.CKPT and m not in found:
             continue  # reason already in skipped
         try:
             drafters[m] = get_drafter(m, target, found.get(m), args)

@@ -16,7 +16,6 @@ import torch
 import bench
 import data
 import speculate
-import train
 from model import load_target, save_checkpoint, weights_hash
 from test_model import save_tiny, tiny_model
 
@@ -276,13 +275,6 @@ def test_tau_standard_error():
     assert bench.ratio_se([(3, 1)]) == 0.0  # one prompt: no spread to estimate
 
 
-def test_a_drafter_trained_for_another_target_is_not_used(tmp_path, capsys):
-    save_checkpoint(str(tmp_path / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
-    assert bench.usable("eagle", [str(tmp_path)], "def") is None
-    assert "trained for another target" in capsys.readouterr().out
-    assert bench.usable("eagle", [str(tmp_path / "missing"), str(tmp_path)], "abc") == str(tmp_path)
-
-
 def test_card_warns_when_the_target_loops(capsys):
     args = bench.get_parser().parse_args(["--preset", "tiny"])
     for r, warn in ((0.5, True), (0.05, False)):
@@ -329,92 +321,6 @@ def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
     assert calls == [(1, 1)] * 3
 
 
-# -----------------------------------------------------------------------------
-# find_or_train: which weights are used, and what is trained
-
-def args_for(tmp_path, retrain=False):
-    return argparse.Namespace(weights=None, target=None, retrain=retrain, preset="tiny", out=str(tmp_path / "out"))
-
-
-def committed(tmp_path, monkeypatch):
-    """A committed tiny target under tmp_path/weights, for plans that need no token bins
-    -> (its folder, its hash)."""
-    ref = tmp_path / "weights" / "tiny"
-    save_tiny(ref / "target.pt", seed=0)
-    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
-    monkeypatch.setattr(data, "DATA_OUT", str(tmp_path / "nodata"))  # nothing to train, so no token bins either
-    monkeypatch.setattr(data, "prepare", lambda *a, **k: pytest.fail("nothing to train: no bins needed"))
-    t = load_target(str(ref / "target.pt"))
-    return ref, weights_hash(t.cfg, t.state_dict())
-
-
-def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
-    ref, th = committed(tmp_path, monkeypatch)
-    outw = tmp_path / "out" / "tiny" / "weights"
-    for d in (ref, outw):
-        save_checkpoint(str(d / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash=th))
-    _, path, found, skipped = bench.find_or_train(args_for(tmp_path), ["ar", "eagle"], torch.device("cpu"), torch.float32)
-    assert path == str(ref / "target.pt") and found == {"eagle": str(ref)} and not skipped
-
-
-def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
-    """bench trains a missing drafter with --resume when its killed run left a <method>.run.pt,
-    from scratch otherwise, and from scratch when that run file is not one it can continue."""
-    import train_drafter
-    ref, outw = tmp_path / "weights" / "tiny", tmp_path / "out" / "tiny" / "weights"
-    save_tiny(ref / "target.pt", seed=0)
-    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
-    monkeypatch.setattr(data, "prepare", lambda: None)
-    argvs, refuse = [], False
-
-    def main(a):  # records what bench asked for; refuses to resume when told to, as load_run would
-        argvs.append(a.resume)
-        if a.resume and refuse:
-            raise ValueError("another target")
-    monkeypatch.setattr(train_drafter, "main", main)
-    args = args_for(tmp_path)
-    bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
-    outw.mkdir(parents=True, exist_ok=True)
-    (outw / "eagle.run.pt").write_bytes(b"")
-    bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
-    assert argvs == [None, str(outw / "eagle.run.pt")]
-    refuse = True  # a run file this plan cannot continue: train from scratch instead
-    _, _, found, skipped = bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
-    assert argvs[2:] == [str(outw / "eagle.run.pt"), None] and found == {"eagle": str(outw)} and not skipped
-    # an error after the resumed run finished (its run file gone) is an error, not a cue to start over
-    def finishes_then_fails(a):
-        argvs.append(a.resume)
-        os.remove(a.resume)
-        raise ValueError("after the end")
-    monkeypatch.setattr(train_drafter, "main", finishes_then_fails)
-    _, _, found, skipped = bench.find_or_train(args, ["eagle"], torch.device("cpu"), torch.float32)
-    assert argvs[4:] == [str(outw / "eagle.run.pt")] and not found and "after the end" in skipped[0][1]
-
-
-def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
-    """--retrain trains the target with --resume when a killed run left target.run.pt, and from
-    scratch when that file is not a run it can continue."""
-    out = tmp_path / "out" / "tiny"
-    monkeypatch.setattr(data, "prepare", lambda: None)
-    resumed, refuse = [], False
-
-    def main(a):  # records what bench asked for and leaves a finished target where it asked
-        resumed.append(a.resume)
-        if a.resume and refuse:
-            raise ValueError("torn file")
-        save_tiny(a.out_path, seed=0)
-    monkeypatch.setattr(train, "main", main)
-    args = args_for(tmp_path, retrain=True)
-    out.mkdir(parents=True)
-    (out / "target.run.pt").write_bytes(b"")
-    bench.find_or_train(args, ["ar"], torch.device("cpu"), torch.float32)
-    assert resumed == [str(out / "target.run.pt")]
-    (out / "target.pt").unlink()
-    refuse = True
-    target, path, _, _ = bench.find_or_train(args, ["ar"], torch.device("cpu"), torch.float32)
-    assert resumed[1:] == [str(out / "target.run.pt"), None] and path == str(out / "target.pt") and target
-
-
 def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
     from draft_eagle import Eagle
     target = load_target(str(weights / "target.pt"))
@@ -437,49 +343,25 @@ def test_the_preset_follows_the_device(monkeypatch):
     def stop(args, *a):
         seen["preset"] = args.preset
         raise SystemExit(0)
-    monkeypatch.setattr(bench, "find_or_train", stop)
+    monkeypatch.setattr(bench.weights, "find_or_train", stop)
     monkeypatch.setattr(data, "reference_prompts", lambda n: ["def f():"])
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--methods", "ar"])
     assert seen["preset"] == "cpu"
 
 
+def test_weights_dir_without_a_target_is_one_line(tmp_path, capsys):
+    for argv in (["--weights", str(tmp_path)], ["--weights", str(tmp_path), "--target", str(tmp_path / "t.pt")]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv + ["--preset", "tiny", "--methods", "ar"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "no such checkpoint" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_bfloat16_needs_cuda(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--dtype", "bfloat16", "--device", "cpu"])
     assert e.value.code == 2 and "--dtype bfloat16 needs --device cuda" in capsys.readouterr().err
-
-
-def test_a_committed_target_of_another_tokenizer_falls_back_to_out(tmp_path, monkeypatch, capsys):
-    save_tiny(tmp_path / "weights" / "tiny" / "target.pt", tokenizer="0123456789ab")
-    save_tiny(tmp_path / "out" / "tiny" / "target.pt", seed=1)
-    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
-    _, path, _, _ = bench.find_or_train(args_for(tmp_path), ["ar"], torch.device("cpu"), torch.float32)
-    assert path == str(tmp_path / "out" / "tiny" / "target.pt")
-    assert "not using the committed" in capsys.readouterr().out
-
-
-def test_a_corrupt_checkpoint_does_not_hide_a_good_one(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "eagle.pt").write_bytes(b"junk")
-    save_checkpoint(str(tmp_path / "b" / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
-    assert bench.usable("eagle", [str(tmp_path / "a"), str(tmp_path / "b")], "abc") == str(tmp_path / "b")
-
-
-def test_mtp_in_out_weights_is_found_when_the_target_has_no_heads(tmp_path, monkeypatch):
-    ref, th = committed(tmp_path, monkeypatch)
-    outw = tmp_path / "out" / "tiny" / "weights"
-    save_checkpoint(str(outw / "mtp.pt"), dict(kind="mtp", config={}, state_dict={}, target_hash=th))
-    _, _, found, _ = bench.find_or_train(args_for(tmp_path), ["ar", "mtp"], torch.device("cpu"), torch.float32)
-    assert found == {"mtp": str(outw)}
-
-
-def test_a_draft_model_in_out_is_reused_and_nothing_is_prepared(tmp_path, monkeypatch):
-    committed(tmp_path, monkeypatch)
-    monkeypatch.setattr(train, "main", lambda a: pytest.fail("must not train a draft model"))
-    save_tiny(tmp_path / "out" / "tiny" / "draft.pt", seed=1, n_layer=1)
-    _, _, found, _ = bench.find_or_train(args_for(tmp_path), ["ar", "draft"], torch.device("cpu"), torch.float32)
-    assert found == {"draft": str(tmp_path / "out" / "tiny")}
 
 
 def test_sweep_speedup_is_against_ar_at_the_same_batch_size(tmp_path):

@@ -88,7 +88,7 @@ def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, metho
     sequences), then resumed, ends with the weights of the same run left alone: optimizer, data
     order and DFlash's anchors all continue. Close, not equal: the first step's rate (~1e-8, in
     warm-up) comes from the clock. The clock continues too: a run saved past --minutes ends at once."""
-    import bench
+    import weights
 
     def train(out, *extra):
         run(target_dir, method, "--out-dir", str(tmp_path / out), "--max-steps", "10", "--batch-size", "2",
@@ -101,7 +101,7 @@ def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, metho
         m.setattr(train_drafter, "save_checkpoint", killed_after(5))
         train("cut")
     state = tmp_path / "cut" / f"{method}.run.pt"
-    assert bench.usable(method, [str(tmp_path / "cut")], whole["target_hash"]) is None  # no drafter yet
+    assert weights.usable(method, [str(tmp_path / "cut")], whole["target_hash"]) is None  # no drafter yet
 
     late = torch.load(state, weights_only=True)
     late["elapsed"] = 1e6
