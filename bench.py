@@ -447,9 +447,8 @@ def main(argv=None):
             die(f"{m} was asked for in --methods, but {why}")
         print(f"skipping {m}: {why}")
 
-    module = weights.MODULE
-    for m in [m for m in methods if m in module and importlib.util.find_spec(module[m]) is None]:
-        skip(m, f"{module[m]}.py is missing, so it can be neither loaded nor trained")
+    for m in [m for m in methods if m in weights.MODULE and importlib.util.find_spec(weights.MODULE[m]) is None]:
+        skip(m, f"{weights.MODULE[m]}.py is missing, so it can be neither loaded nor trained")
         methods.remove(m)
     try:
         target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)

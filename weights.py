@@ -9,10 +9,13 @@ weights/<preset>/ (the tokenizer's hash must match), else in out/<preset>/. What
 missing is trained there first: the plan is printed with its minutes, each step shows its
 progress, and a step killed half-way resumes from its run file on the next run. Drafters
 trained for the committed target go to out/<preset>/weights/, so that they never mix with
-drafters of a target trained here: each drafter checkpoint records its target's weights_hash,
-and one trained for another target is never used.
+drafters of a target trained here: each mtp, eagle and dflash checkpoint records its target's
+weights_hash, and one trained for another target is never used (the draft model, a small
+target of its own, fits any).
 
 Not in DESIGN.md's file list: it was ~120 lines of bench.py, a second idea in that file.
+NOTE: this module and the weights/ folder sit side by side on purpose; weights/ has no
+__init__.py, so `import weights` finds this file (with one, the folder would win).
 """
 
 import os
@@ -23,6 +26,7 @@ import train  # the target's and draft model's trainer; its run_path names every
 from model import load_checkpoint, load_target, weights_hash
 
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
+# the drafters train_drafter.py trains (on distillation data they share) -> their module
 MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
 # Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;
 # trained this briefly the target loops, which bench's card then says: the committed weights
@@ -32,7 +36,7 @@ DISTILL_ARGS = ["--n-seqs", "256", "--n-val-seqs", "32", "--gen-len", "128"]
 
 
 class Unusable(Exception):
-    """--weights DIR holds no target that loads: bad input, reported in one line."""
+    """--weights DIR (or its --target FILE) holds no target that loads: bad input, one line."""
 
 
 def try_load_target(path, device, dtype):
