@@ -44,6 +44,7 @@ import torch
 
 import data
 import weights
+import model
 from model import PRESETS, get_device
 from speculate import METHODS, generate, load_drafter
 
@@ -66,14 +67,10 @@ def write_atomic(path, text):
 
 def check_writable(flag, path):
     """--json / --plot must be writable before the benchmark runs, not found unwritable after it."""
-    if os.path.isdir(path):
-        die(f"{flag} {path}: is a folder; name a file")
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        open(path + ".tmp", "w").close()
-        os.remove(path + ".tmp")
-    except OSError as e:
-        die(f"{flag} {path}: cannot write there ({e.strerror or e})")
+        model.check_writable(path)
+    except ValueError as e:
+        die(f"{flag} {e}")
 
 
 def sync(device):

@@ -299,6 +299,18 @@ def save_checkpoint(path, obj):
     os.replace(tmp, path)
 
 
+def check_writable(path):
+    """An output file must be writable before a run spends minutes on what it saves there."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        raise ValueError(f"{path}: is a folder; name a file")
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        open(path + ".tmp", "w").close()
+        os.remove(path + ".tmp")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write there ({e.strerror or e})") from None
+
+
 def load_checkpoint(path, kind=None):
     """torch.load with weights_only=True and one-line errors that name the file."""
     if not os.path.exists(path):
@@ -374,6 +386,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     try:  # a missing, corrupt or foreign checkpoint is a one-line error
         if args.export:
+            check_writable(args.export)
             export_checkpoint(args.ckpt, args.export)
             print(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
             raise SystemExit(0)

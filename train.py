@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 import data
-from model import Config, PRESETS, Transformer, get_device, save_checkpoint, load_checkpoint
+from model import Config, PRESETS, Transformer, check_writable, get_device, save_checkpoint, load_checkpoint
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
 
@@ -110,8 +110,10 @@ def check_args(args, names):
     for name in names:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.minutes is not None and args.minutes <= 0:
+    if args.minutes is not None and not args.minutes > 0:  # NaN too: it never ran out
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    if (getattr(args, "threads", 0) or 0) < 0:
+        raise ValueError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     if (args.max_steps or 0) < 0:  # 0 means none; a negative one ran on the clock alone
         raise ValueError(f"--max-steps must be >= 0 (0 = the time budget only), got {args.max_steps}")
 
@@ -158,14 +160,17 @@ def main(args):
     check_args(args, ["batch_size", "eval_every", "eval_batches"])
     if args.save_every < 0:
         raise ValueError(f"--save-every must be >= 0, got {args.save_every}")
+    if args.mtp_depth < 0:
+        raise ValueError(f"--mtp-depth must be >= 0 (0 = no MTP heads), got {args.mtp_depth}")
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = get_device(args.device)
+    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+    check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
     enc = data.get_encoding()
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
-    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
     run_file = run_path(out_path)
     owns_run = claim_run_file(run_file, args)
 

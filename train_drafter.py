@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import data
-from model import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
+from model import check_writable, get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
 from train import check_args, check_run_flags, claim_run_file, eta_s, run_path
 
 
@@ -211,6 +211,7 @@ def main(args):
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     path = os.path.join(args.out_dir, f"{args.method}.pt")
+    check_writable(path)
     run_file = run_path(path)  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None
     owns_run = claim_run_file(run_file, args)

@@ -142,6 +142,7 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
                                          (["train_drafter.py", "--method", "dflash", "--block-size", "1"], "--block-size must be >= 2"),
                                          (["train.py", "--preset", "tiny", "--batch-size", "0"], "--batch-size must be >= 1"),
                                          (["train.py", "--preset", "tiny", "--max-steps", "-1"], "--max-steps must be >= 0"),
+                                         (["train.py", "--preset", "tiny", "--mtp-depth", "-1"], "--mtp-depth must be >= 0"),
                                          (["train_drafter.py", "--method", "mtp", "--max-steps", "-2"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--seq-len", "5000"], "outside the model's context"),
                                          (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
@@ -150,11 +151,24 @@ def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
     assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
 
 
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """A folder named as the output file used to fail at the save, after the training."""
+    (tmp_path / "a_file").write_text("x")
+    for cmd in (["train.py", "--preset", "tiny", "--max-steps", "1", "--out-path", str(tmp_path)],
+                ["train_drafter.py", "--method", "mtp", "--max-steps", "1", "--out-dir", str(tmp_path / "a_file")],
+                ["model.py", "--export", str(tmp_path)]):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert r.returncode == 1 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+        assert "step" not in r.stdout and "distill" not in r.stdout, r.stdout[-800:]  # nothing ran first
+
+
 def test_check_args_and_eta():
     ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0)
     train.check_args(ok, ["batch_size"])
     for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0"),
-                         ({"max_steps": -1}, "--max-steps must be >= 0")]:
+                         ({"max_steps": -1}, "--max-steps must be >= 0"), ({"minutes": float("nan")}, "--minutes must be > 0"),
+                         ({"threads": -1}, "--threads must be >= 0")]:
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"])
     assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
