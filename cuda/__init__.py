@@ -138,6 +138,9 @@ def _build_dir(name):
     build_dir = BUILD_ROOT / name
     build_dir.mkdir(parents=True, exist_ok=True)
     _wait_for_stale_lock(build_dir)
+    if not (build_dir / f"{name}.so").exists():  # a first build is silent for seconds to minutes
+        print(f"cuda: building {name} into {build_dir} (seconds on a CPU, minutes with nvcc; "
+              f"later runs reuse it)", flush=True)
     return build_dir
 
 

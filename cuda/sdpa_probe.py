@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cuda.__main__ import median_ms
-from model import PRESETS
+from model import PRESETS, get_device
 
 BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
             SDPBackend.MATH]
@@ -47,12 +47,17 @@ def expand_kv(q, k):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="device to probe (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="device to probe (default: cuda if available, else cpu)")
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default %(default)s)")
-    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median)")
+    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median; default %(default)s)")
     args = p.parse_args(argv)
-    device, cfg = torch.device(args.device), PRESETS[args.preset]
+    if args.repeat < 1:
+        p.error(f"--repeat must be >= 1, got {args.repeat}")
+    try:
+        device = get_device(args.device)
+    except ValueError as e:  # cuda without a GPU, an unknown device: one line
+        p.error(str(e))
+    cfg = PRESETS[args.preset]
     T_kv = cfg["max_seq_len"]
     dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
     print(f"sdpa probe on {device} | preset {args.preset}: {cfg['n_head']} query heads on "

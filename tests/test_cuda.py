@@ -392,6 +392,18 @@ def test_stale_build_lock_is_removed(tmp_path, monkeypatch):
     assert not lock.exists()
 
 
+def test_a_first_build_says_so_before_it_starts(tmp_path, monkeypatch, capsys):
+    """A build is silent for seconds (minutes with nvcc); only a reused one may stay quiet."""
+    if shutil.which("ninja") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no ninja or C++ compiler")
+    monkeypatch.setattr(cuda, "BUILD_ROOT", tmp_path)
+    cuda._build_dir("ext_x")
+    assert "cuda: building ext_x into" in capsys.readouterr().out
+    (tmp_path / "ext_x" / "ext_x.so").touch()
+    cuda._build_dir("ext_x")
+    assert "building" not in capsys.readouterr().out
+
+
 # -----------------------------------------------------------------------------
 # the CUDA kernels' own code, emulated on the CPU (cuda/emu.h): runs wherever g++ does
 
@@ -845,3 +857,13 @@ def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, mo
                         lambda q, k, v, enable_gqa=False, **kw: real(q, k.flip(1), v.flip(1), enable_gqa=enable_gqa, **kw)
                         if enable_gqa else real(q, k, v, **kw))
     assert sdpa_probe.main(["--device", "cpu", "--repeat", "1"]) == 1
+
+
+@pytest.mark.parametrize("argv,message", [(["--device", "tpu"], "unknown device 'tpu'"),
+                                          (["--repeat", "0"], "--repeat must be >= 1")])
+def test_sdpa_probe_refuses_bad_flags_in_one_line(argv, message, capsys):
+    from cuda import sdpa_probe
+    with pytest.raises(SystemExit) as e:
+        sdpa_probe.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
