@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import zipfile
 from dataclasses import asdict, dataclass
 
 import torch
@@ -315,6 +316,9 @@ def load_checkpoint(path, kind=None):
     """torch.load with weights_only=True and one-line errors that name the file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
+        raise ValueError(f"{path}: not a readable checkpoint (not a torch.save archive: empty, "
+                         f"truncated, or a git-lfs pointer?)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # an empty file's error has no message at all
@@ -326,6 +330,16 @@ def load_checkpoint(path, kind=None):
     if kind is not None and ckpt.get("kind") != kind:
         raise ValueError(f"{path}: is a {ckpt.get('kind')!r} checkpoint, expected {kind!r}")
     return ckpt
+
+
+class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
+    """--help shows each flag's default, unless its text already speaks of one or it has none."""
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
 
 
 def get_device(name=None):
@@ -375,7 +389,8 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Greedy continuation with the KV cache, checked against naive generate.")
+    parser = argparse.ArgumentParser(description="Greedy continuation with the KV cache, checked against naive generate.",
+                                     formatter_class=DefaultsHelp)
     from data import WEIGHTS_DIR
     parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint (default: the committed cpu weights)")

@@ -183,6 +183,9 @@ def test_checkpoint_errors(tmp_path):
     (tmp_path / "empty.pt").touch()  # torch.load's error for an empty file has no message
     with pytest.raises(ValueError, match="empty.pt: not a readable checkpoint"):
         load_checkpoint(str(tmp_path / "empty.pt"))
+    (tmp_path / "lfs.pt").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
+    with pytest.raises(ValueError, match="lfs.pt: .*git-lfs pointer"):  # not torch's weights_only advice
+        load_checkpoint(str(tmp_path / "lfs.pt"))
     with pytest.raises(FileNotFoundError):
         load_checkpoint(str(tmp_path / "missing.pt"))
     other = tmp_path / "other.pt"
