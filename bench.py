@@ -523,5 +523,5 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:  # checkpoints, JSON and SVG are all written temp-then-rename
-        print("\ninterrupted: nothing half-written was left in out/", file=sys.stderr)
+        print("\ninterrupted: nothing half-written was left behind", file=sys.stderr)
         sys.exit(130)

@@ -329,7 +329,8 @@ def read_prompts_file(path):
 # -----------------------------------------------------------------------------
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from model import DefaultsHelp  # model imports data, so not at the top
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     parser.add_argument("--train-tokenizer", action="store_true", help="retrain tokenizer.tiktoken instead of reusing it")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE ranks to keep (256 bytes + merges; specials come on top)")
     parser.add_argument("--measure", default="2048,4096,8192", help="when training: vocab sizes whose held-out bytes/token to report")

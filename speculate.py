@@ -75,7 +75,6 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     """
     B, K1, V = p.shape
     K = K1 - 1
-    ar = torch.arange(K1, device=p.device)
     if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
         best = p.argmax(-1)                                      # (B, K+1)
         ok = drafts == best[:, :K]                               # (B, K); never at NO_DRAFT
@@ -458,7 +457,9 @@ def load_drafter(method, target, out_dir, **kw):
 
 if __name__ == "__main__":
     import os
-    parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.")
+    from model import DefaultsHelp
+    parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.",
+                                     formatter_class=DefaultsHelp)
     from data import WEIGHTS_DIR
     parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")

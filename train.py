@@ -27,13 +27,14 @@ run (~40, whose flag check and run-file claim train_drafter.py shares) live here
 import argparse
 import math
 import os
+import sys
 import time
 
 import numpy as np
 import torch
 
 import data
-from model import Config, PRESETS, Transformer, check_writable, get_device, save_checkpoint, load_checkpoint
+from model import Config, DefaultsHelp, PRESETS, Transformer, check_writable, get_device, save_checkpoint, load_checkpoint
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
 
@@ -134,6 +135,16 @@ def run_path(out_path):
     run never leaves a half-trained model (target, draft model or drafter) where bench.py would
     take it for a finished one."""
     return os.path.splitext(out_path)[0] + ".run.pt"
+
+
+def interrupted(run_file):
+    """Ctrl-C: one line on where the run can continue from instead of a traceback; exit 130."""
+    if os.path.exists(run_file):
+        print(f"\ninterrupted; --resume {run_file} continues from its last save (every --save-every steps)",
+              file=sys.stderr)
+    else:
+        print("\ninterrupted before the run saved anything", file=sys.stderr)
+    sys.exit(130)
 
 
 def check_run_flags(path, saved_args, args, flags):
@@ -273,7 +284,8 @@ def main(args):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train the target model (optionally with native MTP heads).")
+    p = argparse.ArgumentParser(description="Train the target model (optionally with native MTP heads).",
+                                formatter_class=DefaultsHelp)
     g = p.add_argument_group("model and output")
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
@@ -317,3 +329,5 @@ if __name__ == "__main__":
         main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (device, checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        interrupted(run_path(args.out_path or os.path.join(args.out, args.preset, "target.pt")))

@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 import data
-from model import check_writable, get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
-from train import check_args, check_run_flags, claim_run_file, eta_s, run_path
+from model import DefaultsHelp, check_writable, get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
+from train import check_args, check_run_flags, claim_run_file, eta_s, interrupted, run_path
 
 
 # -----------------------------------------------------------------------------
@@ -211,9 +211,9 @@ def main(args):
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     path = os.path.join(args.out_dir, f"{args.method}.pt")
-    check_writable(path)
     run_file = run_path(path)  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None
+    check_writable(path)  # before the distillation, not at the save after the training
     owns_run = claim_run_file(run_file, args)
     train, val = get_distill_data(target, args, th)
     train, val = train.to(device), val.to(device)
@@ -293,7 +293,8 @@ def main(args):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen target.")
+    p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen target.",
+                                formatter_class=DefaultsHelp)
     p.add_argument("--method", required=True, choices=["mtp", "eagle", "dflash"], help="which drafter")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
                    help="target checkpoint (default: the committed weights/cpu/target.pt; train.py writes out/cpu/target.pt)")
@@ -343,7 +344,10 @@ def get_parser():
 
 
 if __name__ == "__main__":
+    args = get_parser().parse_args()
     try:
-        main(get_parser().parse_args())
+        main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (device, target checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
+    except KeyboardInterrupt:
+        interrupted(run_path(os.path.join(args.out_dir or default_out_dir(args.target), f"{args.method}.pt")))

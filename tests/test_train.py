@@ -163,6 +163,16 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
         assert "step" not in r.stdout and "distill" not in r.stdout, r.stdout[-800:]  # nothing ran first
 
 
+def test_ctrl_c_names_the_run_file_to_resume(tmp_path, capsys):
+    run_file = tmp_path / "t.run.pt"
+    for exists, message in ((False, "before the run saved anything"), (True, f"--resume {run_file}")):
+        if exists:
+            run_file.touch()
+        with pytest.raises(SystemExit) as e:
+            train.interrupted(str(run_file))
+        assert e.value.code == 130 and message in capsys.readouterr().err
+
+
 def test_check_args_and_eta():
     ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0)
     train.check_args(ok, ["batch_size"])
