@@ -301,29 +301,31 @@ def save_checkpoint(path, obj):
 
 
 def check_writable(path):
-    """An output file must be writable before a run spends minutes on what it saves there."""
+    """An output file must be writable before a run spends minutes on what it saves there.
+    Checked without writing anything (a refused run leaves no folder behind): the nearest
+    existing folder above it must be writable; save_checkpoint creates the rest."""
     if os.path.isdir(path) or path.endswith(os.sep):
         raise ValueError(f"{path}: is a folder; name a file")
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        open(path + ".tmp", "w").close()
-        os.remove(path + ".tmp")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot write there ({e.strerror or e})") from None
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d):
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise ValueError(f"{path}: cannot write there ({d} is a file, not a folder)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot write there ({d} is not writable)")
 
 
 def load_checkpoint(path, kind=None):
     """torch.load with weights_only=True and one-line errors that name the file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such checkpoint")
-    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch.save writes a zip archive
-        raise ValueError(f"{path}: not a readable checkpoint (not a torch.save archive: empty, "
-                         f"truncated, or a git-lfs pointer?)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # an empty file's error has no message at all
         why = (str(e).strip().splitlines() or ["no message"])[0]
         why = why if len(why) <= 120 else why[:117] + "..."
+        if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch's advice would mislead here
+            why = "not a torch.save archive: empty, truncated, or a git-lfs pointer?"
         raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {why})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
         raise ValueError(f"{path}: not a checkpoint of this project (no config/state_dict)")
@@ -394,7 +396,7 @@ if __name__ == "__main__":
     from data import WEIGHTS_DIR
     parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint (default: the committed cpu weights)")
-    parser.add_argument("--prompt", default="def parse(", help="text to continue")
+    parser.add_argument("--prompt", default="def parse(", help="text to continue (default: %(default)r)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     parser.add_argument("--export", default=None, metavar="DST",
                         help="instead: write --ckpt (any kind) to DST in bf16 without optimizer state")

@@ -138,12 +138,11 @@ def run_path(out_path):
 
 
 def interrupted(run_file):
-    """Ctrl-C: one line on where the run can continue from instead of a traceback; exit 130."""
-    if os.path.exists(run_file):
-        print(f"\ninterrupted; --resume {run_file} continues from its last save (every --save-every steps)",
-              file=sys.stderr)
-    else:
-        print("\ninterrupted before the run saved anything", file=sys.stderr)
+    """Ctrl-C: one line on how the run can continue instead of a traceback; exit 130. Whether
+    the run file there is this run's is not known here (an older run's may sit there until
+    this one's first save), so the line says what the run saves, not what it did."""
+    print(f"\ninterrupted; this run saves to {run_file} every --save-every steps, and --resume "
+          f"{run_file} continues from the last save there", file=sys.stderr)
     sys.exit(130)
 
 

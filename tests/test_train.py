@@ -165,12 +165,9 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
 
 def test_ctrl_c_names_the_run_file_to_resume(tmp_path, capsys):
     run_file = tmp_path / "t.run.pt"
-    for exists, message in ((False, "before the run saved anything"), (True, f"--resume {run_file}")):
-        if exists:
-            run_file.touch()
-        with pytest.raises(SystemExit) as e:
-            train.interrupted(str(run_file))
-        assert e.value.code == 130 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train.interrupted(str(run_file))
+    assert e.value.code == 130 and f"--resume {run_file}" in capsys.readouterr().err
 
 
 def test_check_args_and_eta():
