@@ -430,7 +430,9 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     if dtype != torch.float32 and device.type != "cuda":
         die("--dtype bfloat16 needs --device cuda")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):  # last: it may create a folder
+    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        die(f"--json and --plot name the same file {args.json}: the chart would replace the JSON")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_writable(flag, path)
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "

@@ -416,6 +416,8 @@ if __name__ == "__main__":
     prompt = enc.encode_ordinary(args.prompt)
     if not prompt:
         raise SystemExit("error: empty prompt")
+    if args.max_new_tokens < 1:
+        raise SystemExit(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if len(prompt) + args.max_new_tokens > model.cfg.max_seq_len:
         raise SystemExit(f"error: prompt ({len(prompt)} tokens) + {args.max_new_tokens} new tokens "
                          f"exceeds the context of {model.cfg.max_seq_len}")

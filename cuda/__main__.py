@@ -170,6 +170,8 @@ def main():
                     "(cuda/emu.h) instead of a build for the device; untimed")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = ap.parse_args()
+    if args.repeat is not None and args.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {args.repeat}")
     from model import get_device
     try:
         device = torch.device("cpu") if args.emu else get_device(args.device)

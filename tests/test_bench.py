@@ -180,6 +180,10 @@ def test_an_unwritable_json_or_plot_is_refused_before_any_work(tmp_path, capsys)
             bench.main([flag, str(path)])
         out = capsys.readouterr()
         assert e.value.code == 2 and f"{flag} {path}: {expect}" in out.err and out.out == ""
+    with pytest.raises(SystemExit) as e:  # the chart would overwrite the JSON
+        bench.main(["--json", str(tmp_path / "b.out"), "--plot", str(tmp_path / "b.out")])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and "name the same file" in out.err and out.out == ""
     # a run refused for its device or dtype creates no output folder
     for flags, expect in [(["--device", "cuda:99"], "cuda:99"), (["--dtype", "bfloat16", "--device", "cpu"], "needs")]:
         with pytest.raises(SystemExit) as e:

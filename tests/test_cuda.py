@@ -867,3 +867,9 @@ def test_sdpa_probe_refuses_bad_flags_in_one_line(argv, message, capsys):
         sdpa_probe.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_self_check_refuses_a_negative_repeat():
+    r = subprocess.run([sys.executable, "-m", "cuda", "--repeat", "-1"], cwd=cuda.HERE.parent,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--repeat must be >= 1" in r.stderr and "Traceback" not in r.stderr

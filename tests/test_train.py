@@ -130,7 +130,8 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
         load_target(str(tmp_path / "d.pt"))
 
 
-@pytest.mark.parametrize("prompt,max_new,message", [("", 8, "empty prompt"), ("x = 1\n" * 200, 8, "exceeds the context")])
+@pytest.mark.parametrize("prompt,max_new,message", [("", 8, "empty prompt"), ("x = 1\n" * 200, 8, "exceeds the context"),
+                                                    ("def f(", 0, "--max-new-tokens must be >= 1")])
 def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
     save_tiny(tmp_path / "t.pt")
     r = subprocess.run([sys.executable, "model.py", "--ckpt", str(tmp_path / "t.pt"), "--prompt", prompt,
