@@ -137,6 +137,11 @@ def run_path(out_path):
     return os.path.splitext(out_path)[0] + ".run.pt"
 
 
+def out_path_of(args):
+    """The finished checkpoint's path: --out-path, else <out>/<preset>/target.pt."""
+    return args.out_path or os.path.join(args.out, args.preset, "target.pt")
+
+
 def interrupted(run_file):
     """Ctrl-C: one line on how the run can continue instead of a traceback; exit 130. Whether
     the run file there is this run's is not known here (an older run's may sit there until
@@ -176,7 +181,7 @@ def main(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = get_device(args.device)
-    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+    out_path = out_path_of(args)
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
     enc = data.get_encoding()
@@ -329,4 +334,4 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:  # bad input (device, checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
-        interrupted(run_path(args.out_path or os.path.join(args.out, args.preset, "target.pt")))
+        interrupted(run_path(out_path_of(args)))

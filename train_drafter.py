@@ -151,6 +151,11 @@ def evaluate(model, target, val, val_feats, batch_size, label_from):
     return float(np.mean(losses)), (agree / count.clamp(min=1)).tolist()
 
 
+def drafter_path(args):
+    """The finished drafter's path: <out-dir>/<method>.pt (out-dir defaulting as below)."""
+    return os.path.join(args.out_dir or default_out_dir(args.target), f"{args.method}.pt")
+
+
 def default_out_dir(target_path):
     """Beside the target, except for the committed reference weights, which a default never
     overwrites: drafters for weights/<preset>/target.pt go to out/<preset>/weights/ (where
@@ -210,7 +215,7 @@ def main(args):
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
-    path = os.path.join(args.out_dir, f"{args.method}.pt")
+    path = drafter_path(args)
     run_file = run_path(path)  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None
     check_writable(path)  # before the distillation, not at the save after the training
@@ -350,4 +355,4 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:  # bad input (device, target checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
     except KeyboardInterrupt:
-        interrupted(run_path(os.path.join(args.out_dir or default_out_dir(args.target), f"{args.method}.pt")))
+        interrupted(run_path(drafter_path(args)))
