@@ -341,35 +341,35 @@ def get_parser():
     g = p.add_argument_group("what to run")
     g.add_argument("--methods", default=None, help=f"comma list of {','.join(METHODS)} (default: all that load or "
                    "train; ar always runs as the baseline)")
-    g.add_argument("--temperatures", default="0,1", help="comma list; each method runs at each (default %(default)s)")
+    g.add_argument("--temperatures", default="0,1", help="comma list; each method runs at each (default: %(default)s)")
     g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default %(default)s)")
-    g.add_argument("--batch-size", type=int, default=1, help="rows decoded at once (default %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=1, help="rows decoded at once (default: %(default)s)")
     g.add_argument("--continuous", action="store_true", help="continuous batching: a row whose prompt is done takes "
                    "the next waiting prompt, instead of fixed batches that wait for their slowest row")
     g.add_argument("--batch-sizes", default=None, help="extra sweep of throughput over these batch sizes, e.g. 1,4,16 "
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
-                   "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default %(default)s)")
+                   "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default: %(default)s)")
     g.add_argument("--block-size", type=int, default=16, help="dflash block size S (drafts S-1); at "
-                   "most what it was trained for (default %(default)s)")
+                   "most what it was trained for (default: %(default)s)")
     g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "
                    "so 1..its depth (default: all its modules)")
     g.add_argument("--mtp-margin", type=float, default=0.0, help="mtp: stop drafting once the top-1 vs top-2 logit "
-                   "margin falls below M (default %(default)s = never)")
+                   "margin falls below M (default: %(default)s = never)")
     g.add_argument("--dflash-argmax", action="store_true", help="dflash at T > 0: take each slot's argmax instead of "
                    "drawing from its q (both are lossless; on the cpu weights sampling accepted more: "
                    "tau ~2.1 vs ~1.2 at T = 1 on the 10 default prompts)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default: %(default)s)")
     g.add_argument("--repeats", type=int, default=1,
-                   help="timed runs per row, made in rounds over all rows; the median is reported (default %(default)s)")
+                   help="timed runs per row, made in rounds over all rows; the median is reported (default: %(default)s)")
     g = p.add_argument_group("prompts")
     g.add_argument("--prompts", default=None, help="file of prompts: JSON lines with a \"prompt\" string, or plain "
                    "text blocks separated by blank lines (default: the committed held-out prompts, "
                    "weights/heldout_prompts.jsonl, the same on every machine)")
     g.add_argument("--n-prompts", type=int, default=10, help="how many of the committed held-out prompts, at most "
                    f"{data.N_REFERENCE_PROMPTS} (ignored with --prompts); 10 keeps six "
-                   "methods x two temperatures within 1-4 min on 2 cores with the committed weights (default %(default)s)")
+                   "methods x two temperatures within 1-4 min on 2 cores with the committed weights (default: %(default)s)")
     g = p.add_argument_group("model and weights")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu); "
@@ -382,7 +382,7 @@ def get_parser():
                    "(e.g. drafters trained by train_drafter.py for the committed weights/cpu/target.pt)")
     g.add_argument("--retrain", action="store_true", help="ignore the committed weights/<preset>; use OUT/<preset> "
                    "and train what is missing there (delete it to start over)")
-    g.add_argument("--out", default="out", help="folder for trained checkpoints (default %(default)s)")
+    g.add_argument("--out", default="out", help="folder for trained checkpoints (default: %(default)s)")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, help="write the results as JSON here")
     g.add_argument("--plot", default=None, help="write an SVG chart here")
@@ -435,8 +435,9 @@ def main(argv=None):
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_writable(flag, path)
-    print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset "
-          f"{args.preset or ('gpu' if device.type == 'cuda' else 'cpu') + ' (follows the device)'}, dtype {args.dtype}")
+    preset = ("the target's in --weights" if args.weights else  # --preset only says where to find or train one
+              args.preset or ("gpu" if device.type == "cuda" else "cpu") + " (follows the device)")
+    print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset {preset}, dtype {args.dtype}")
     args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
 
     enc = data.get_encoding()

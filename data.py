@@ -328,6 +328,20 @@ def read_prompts_file(path):
 
 # -----------------------------------------------------------------------------
 
+def check_cli(args):
+    """data.py's flags, checked before the corpus is read: a bad one ended in a traceback."""
+    from model import check_writable
+    try:
+        sizes = [args.vocab_size, *map(int, args.measure.split(","))]
+    except ValueError:
+        raise ValueError(f"--measure takes vocab sizes separated by commas, got {args.measure!r}") from None
+    if min(sizes) < 256:  # the 256 single bytes come first
+        raise ValueError(f"--vocab-size and --measure must be >= 256 (the single bytes), got {min(sizes)}")
+    if args.bpe_every < 1:
+        raise ValueError(f"--bpe-every must be >= 1 (1 = every train file), got {args.bpe_every}")
+    check_writable(os.path.join(args.out_dir, "data", "train.bin"))
+
+
 if __name__ == "__main__":
     from model import DefaultsHelp  # model imports data, so not at the top
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
@@ -341,6 +355,10 @@ if __name__ == "__main__":
     parser.add_argument("--write-prompts", action="store_true", help="only rewrite weights/heldout_prompts.jsonl (bench's "
                         f"default prompts) with the first {N_REFERENCE_PROMPTS} held-out prompts of this machine's corpus")
     args = parser.parse_args()
+    try:
+        check_cli(args)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
 
     if args.write_prompts:
         prompts = heldout_prompts(N_REFERENCE_PROMPTS)

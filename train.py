@@ -105,18 +105,19 @@ def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
     return q
 
 
-def check_args(args, names):
-    """Counts that must be >= 1, a budget > 0 and --max-steps >= 0: a bad one ends in one line
-    before any work."""
+def check_args(args, names, zero_ok=()):
+    """Counts in names must be >= 1 and those in zero_ok >= 0; the budget and the learning rate
+    must be > 0. A bad one ends in one line before any work."""
     for name in names:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.minutes is not None and not args.minutes > 0:  # NaN too: it never ran out
-        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if (getattr(args, "threads", 0) or 0) < 0:
-        raise ValueError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
-    if (args.max_steps or 0) < 0:  # 0 means none; a negative one ran on the clock alone
-        raise ValueError(f"--max-steps must be >= 0 (0 = the time budget only), got {args.max_steps}")
+    for name in ("threads", "max_steps", "save_every", *zero_ok):  # 0 means "off" or "torch's choice"
+        if (getattr(args, name, 0) or 0) < 0:  # a negative one was taken as 0, or as every step
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("minutes", "lr"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:  # NaN too: a nan budget never ran out
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
 
 def eta_s(budget, elapsed, step, max_steps):
@@ -172,11 +173,8 @@ def claim_run_file(run_file, args):
 
 
 def main(args):
-    check_args(args, ["batch_size", "eval_every", "eval_batches"])
-    if args.save_every < 0:
-        raise ValueError(f"--save-every must be >= 0, got {args.save_every}")
-    if args.mtp_depth < 0:
-        raise ValueError(f"--mtp-depth must be >= 0 (0 = no MTP heads), got {args.mtp_depth}")
+    check_args(args, ["batch_size", "eval_every", "eval_batches", "quality_tokens"],
+               zero_ok=["mtp_depth", "warmup_steps", "quality_prompts"])
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -300,18 +298,19 @@ def get_parser():
                    "the run the larger budget would have made); it continues the clock, schedule and batch stream, "
                    "so with --max-steps on a CPU a killed run ends bit for bit as it would have")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default: %(default)s)")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("budget and optimisation")
-    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: per preset, cpu 8)")
+    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: per preset, "
+                   + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MINUTES.items()) + ")")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time budget only)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's context)")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     g.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr as a fraction of the peak")
-    g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr (default %(default)s)")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices (default %(default)s)")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this (default %(default)s)")
+    g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr (default: %(default)s)")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices (default: %(default)s)")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this (default: %(default)s)")
     g = p.add_argument_group("multi-token prediction (mtp.py)")
     g.add_argument("--mtp-depth", type=int, default=0, help="train D native MTP modules with the target")
     g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (divided by D)")

@@ -107,6 +107,15 @@ RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
 
 
+def dflash_features(args, n_layer):
+    """How many target layers DFlash taps: --dflash-features, or 5 (every layer of a target with
+    fewer). More than the target has is refused: feature_layers would cut it without a word."""
+    n = min(5, n_layer) if args.dflash_features is None else args.dflash_features
+    if not 1 <= n <= n_layer:
+        raise ValueError(f"--dflash-features must be in 1..{n_layer} (the target's layers), got {n}")
+    return n
+
+
 def make_drafter_model(method, target, args):
     if method == "mtp":
         import mtp
@@ -116,7 +125,7 @@ def make_drafter_model(method, target, args):
         return draft_eagle.Eagle(target.cfg, ttt_steps=args.ttt_steps)
     if method == "dflash":
         import draft_diffusion
-        return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers, n_features=args.dflash_features,
+        return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers, n_features=dflash_features(args, target.cfg.n_layer),
                                       block_size=args.block_size, anchors=args.anchors, gamma=args.loss_decay)
     raise ValueError(f"unknown method {method!r}; choose mtp, eagle or dflash")
 
@@ -202,9 +211,12 @@ def load_run(path, args, target_hash):
 def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every", "mtp_depth",
-                      "ttt_steps", "dflash_layers", "dflash_features", "anchors"])
-    if args.block_size < 2:
-        raise ValueError(f"--block-size must be >= 2 (one slot for the last token, one draft), got {args.block_size}")
+                      "ttt_steps", "dflash_layers", "anchors"])
+    if not 2 <= args.block_size < args.prompt_len + args.gen_len:  # past the sequence a block has no labels
+        raise ValueError(f"--block-size must be >= 2 (one slot for the last token, one draft) and below the "
+                         f"{args.prompt_len + args.gen_len} tokens of a sequence, got {args.block_size}")
+    if args.loss_decay is not None and not args.loss_decay > 0:  # 0 fell back to the default
+        raise ValueError(f"--loss-decay must be > 0, got {args.loss_decay}")
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -213,6 +225,7 @@ def main(args):
     for p in target.parameters():
         p.requires_grad_(False)
     args.out_dir = args.out_dir or default_out_dir(args.target)
+    args.dflash_features = dflash_features(args, target.cfg.n_layer)  # before the run flags are compared
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     path = drafter_path(args)
@@ -307,7 +320,7 @@ def get_parser():
                    "out/<preset>/weights for the committed weights/<preset>/target.pt)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--seed", type=int, default=0, help="seed of the distilled prompts and samples, the initial "
-                   "weights, the data order and the anchors (default %(default)s)")
+                   "weights, the data order and the anchors (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
     g = p.add_argument_group("self-distillation data")
     g.add_argument("--n-seqs", type=int, default=1024, help="training sequences the target continues")
@@ -336,7 +349,8 @@ def get_parser():
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")
     g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
-    g.add_argument("--dflash-features", type=int, default=5, help="dflash: target layers tapped")
+    g.add_argument("--dflash-features", type=int, default=None, help="dflash: target layers tapped "
+                   "(default: 5, or every layer of a target with fewer)")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size S (drafts S-1 tokens)")
     g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's loss weight is "
                    f"exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it beat the paper's 7 for S = 16, "

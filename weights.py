@@ -114,6 +114,9 @@ def find_or_train(args, methods, device, dtype):
         todo.insert(0, "data")
     first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
     cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
+    if todo and device.type == "cpu" and args.preset == "gpu":
+        print("NOTE: the gpu preset is sized for a GPU: on a CPU these minutes train it for few "
+              "steps, and the benchmark then measures an under-trained target (--preset cpu has committed weights)")
     if todo:
         print(f"train: {', '.join(f'{m} (~{cost(m):g} min)' for m in todo)} into {train_dir}, "
               f"~{sum(map(cost, todo)):g} min in all, then the benchmark"

@@ -20,6 +20,7 @@ and tests the same binding. Which path runs, by tensor device and DFLASH_CUDA_EX
     host              extension (else ref)    extension's host loops (else ref)
     emu               reference               the CUDA kernels emulated on the CPU (cuda/emu.h)
     0                 reference               reference
+    anything else     reference               reference (the first line names the value)
 
 The first use of each path prints one line saying which path is active and why.
 
@@ -241,7 +242,9 @@ def load_emu(verbose=False):
 def active_path(device):
     """('extension' | 'emulation' | 'reference', reason) for tensors on `device`; may build."""
     device = torch.device(device)
-    mode = os.environ.get(ENV, "1").strip().lower()
+    mode = os.environ.get(ENV, "").strip().lower() or "1"
+    if mode not in ("1", "host", "emu", "0"):  # a typo must not pass for a choice
+        return "reference", f"unknown {ENV}={mode!r}: choose 1, host, emu or 0"
     if mode == "0":
         return "reference", f"forced by {ENV}=0"
     if mode == "emu":  # the kernels' own code, emulated on the CPU: for tests, slow

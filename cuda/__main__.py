@@ -13,6 +13,7 @@ The case builders here are shared with tests/test_cuda.py.
 """
 
 import argparse
+import os
 import math
 import statistics
 import sys
@@ -21,6 +22,8 @@ from types import SimpleNamespace
 
 import torch
 
+if not __package__:  # run as a file (python cuda/__main__.py): the repository root is not on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import cuda
 from model import rope_table
 
@@ -165,7 +168,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default 100 cuda, 20 cpu)")
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default: 100 on cuda, 20 on cpu)")
     ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on the CPU "
                     "(cuda/emu.h) instead of a build for the device; untimed")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")

@@ -15,12 +15,15 @@ Nothing in the project depends on it: it is a measurement for the first GPU sess
 """
 
 import argparse
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+if not __package__:  # run as a file (python cuda/sdpa_probe.py): the repository root is not on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cuda.__main__ import median_ms
 from model import PRESETS, get_device
 
@@ -48,7 +51,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="device to probe (default: cuda if available, else cpu)")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default %(default)s)")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default: %(default)s)")
     p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median; default %(default)s)")
     args = p.parse_args(argv)
     if args.repeat < 1:

@@ -217,6 +217,16 @@ def test_env_zero_forces_reference(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
 
 
+def test_an_unknown_env_value_is_named_not_taken_for_a_choice(monkeypatch):
+    """DFLASH_CUDA_EXT=emulate (for emu) used to pass silently for the default; an empty value
+    is the default."""
+    monkeypatch.setattr(cuda, "load", lambda *a, **k: pytest.fail("an unknown value must not build"))
+    monkeypatch.setenv(cuda.ENV, "emulate")
+    assert cuda.active_path("cpu") == ("reference", f"unknown {cuda.ENV}='emulate': choose 1, host, emu or 0")
+    monkeypatch.setenv(cuda.ENV, " ")
+    assert cuda.active_path("cpu")[1].startswith("CPU tensors, no build")
+
+
 def test_cpu_default_uses_reference_without_building(monkeypatch):
     """Both ops, CPU tensors, no DFLASH_CUDA_EXT: the references run and nothing is built."""
     monkeypatch.delenv(cuda.ENV, raising=False)
@@ -873,3 +883,10 @@ def test_self_check_refuses_a_negative_repeat():
     r = subprocess.run([sys.executable, "-m", "cuda", "--repeat", "-1"], cwd=cuda.HERE.parent,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--repeat must be >= 1" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("script", ["sdpa_probe.py", "__main__.py"])
+def test_the_cuda_tools_also_run_as_files(script, tmp_path):
+    """`python cuda/sdpa_probe.py` (a path the README gives) could not import `cuda`."""
+    r = subprocess.run([sys.executable, str(cuda.HERE / script), "--help"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0 and "--repeat" in r.stdout, r.stderr[-800:]

@@ -1,6 +1,8 @@
 """Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
 import hashlib
 import os
+import re
+import subprocess
 import sys
 from collections import Counter
 
@@ -305,3 +307,18 @@ def test_heldout_samples_spread_over_the_three_roots():
 
 def test_heldout_prompts_takes_the_seed():
     assert data.heldout_prompts(5, seed=1) == [p for p, _ in data.heldout_samples(5, seed=1)]
+
+
+@pytest.mark.parametrize("flags,message", [(["--measure", "abc"], "--measure takes vocab sizes"),
+                                           (["--vocab-size", "100"], "must be >= 256 .* got 100"),
+                                           (["--measure", "0"], "must be >= 256 .* got 0"),
+                                           (["--bpe-every", "0"], "--bpe-every must be >= 1"),
+                                           (["--out-dir", "FILE"], "is a file, not a folder")])
+def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, message):
+    """Each of these ended in a traceback (a PanicException from the BPE for --vocab-size 100)."""
+    (tmp_path / "FILE").write_text("x")
+    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
+    r = subprocess.run([sys.executable, os.path.join(data.ROOT, "data.py"), "--train-tokenizer", *flags],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and re.search(message, r.stderr) and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert "corpus:" not in r.stdout  # refused before any work

@@ -296,3 +296,20 @@ def test_a_checkpoint_without_a_kind_is_no_target(tmp_path):
     save_checkpoint(str(tmp_path / "k.pt"), dict(config={}, state_dict={}))
     with pytest.raises(ValueError, match="is a None checkpoint, expected 'target'"):
         load_checkpoint(str(tmp_path / "k.pt"), kind="target")
+
+
+def test_help_shows_each_default_once():
+    """DefaultsHelp appends "(default: X)" unless the text already speaks of a default or there
+    is none to show (None, a store_true flag)."""
+    import argparse
+    from model import DefaultsHelp
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelp)
+    p.add_argument("--steps", type=int, default=16, help="how many")
+    p.add_argument("--lr", type=float, default=None, help="rate (default: per method)")
+    p.add_argument("--name", default="x", help="a name (default %(default)s)")
+    p.add_argument("--fast", action="store_true", help="go fast")
+    p.add_argument("--device", default=None, help="where")
+    text = " ".join(p.format_help().split())
+    assert "how many (default: 16)" in text and "rate (default: per method) " in text
+    assert "a name (default x) " in text and "go fast " in text and "where" in text
+    assert text.count("default") == 3

@@ -2,6 +2,7 @@
 checked on load: wrong tokenizer, corrupt file, bad prompts each give a clear error."""
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -144,6 +145,7 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
                                          (["train.py", "--preset", "tiny", "--batch-size", "0"], "--batch-size must be >= 1"),
                                          (["train.py", "--preset", "tiny", "--max-steps", "-1"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--mtp-depth", "-1"], "--mtp-depth must be >= 0"),
+                                         (["train.py", "--preset", "tiny", "--quality-prompts", "-1"], "--quality-prompts must be >= 0"),
                                          (["train_drafter.py", "--method", "mtp", "--max-steps", "-2"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--seq-len", "5000"], "outside the model's context"),
                                          (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
@@ -164,21 +166,40 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
         assert "step" not in r.stdout and "distill" not in r.stdout, r.stdout[-800:]  # nothing ran first
 
 
-def test_ctrl_c_names_the_run_file_to_resume(tmp_path, capsys):
-    run_file = tmp_path / "t.run.pt"
-    with pytest.raises(SystemExit) as e:
-        train.interrupted(str(run_file))
-    assert e.value.code == 130 and f"--resume {run_file}" in capsys.readouterr().err
+@pytest.mark.parametrize("cmd,started,run_file", [
+    (["train.py", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--eval-every", "1", "--eval-batches", "1",
+      "--quality-prompts", "0", "--out-path", "OUT/t.pt"], "step ", "OUT/t.run.pt"),
+    (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT"], "target: ", "OUT/mtp.run.pt")])
+def test_ctrl_c_names_the_run_file_to_resume(tmp_path, cmd, started, run_file):
+    """A real SIGINT once the run has started (training, or distilling): one line naming the
+    file --resume continues from, exit 130, no KeyboardInterrupt traceback."""
+    save_tiny(tmp_path / "t.pt")
+    argv = [a.replace("OUT", str(tmp_path)) for a in cmd]
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, argv[0]), *argv[1:], "--minutes", "5", "--threads", "1"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in p.stdout:  # until the run is under way
+            if line.startswith(started):
+                break
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    want = run_file.replace("OUT", str(tmp_path))
+    assert p.returncode == 130 and f"--resume {want}" in err and "Traceback" not in err, err[-800:]
 
 
 def test_check_args_and_eta():
-    ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0)
-    train.check_args(ok, ["batch_size"])
+    ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0, save_every=0, warmup_steps=0, lr=1e-3)
+    train.check_args(ok, ["batch_size"], zero_ok=["warmup_steps"])
     for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0"),
                          ({"max_steps": -1}, "--max-steps must be >= 0"), ({"minutes": float("nan")}, "--minutes must be > 0"),
-                         ({"threads": -1}, "--threads must be >= 0")]:
+                         ({"threads": -1}, "--threads must be >= 0"), ({"save_every": -1}, "--save-every must be >= 0"),
+                         ({"warmup_steps": -5}, "--warmup-steps must be >= 0"), ({"lr": -1.0}, "--lr must be > 0"),
+                         ({"lr": 0.0}, "--lr must be > 0")]:
         with pytest.raises(ValueError, match=message):
-            train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"])
+            train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"], zero_ok=["warmup_steps"])
     assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
     assert train.eta_s(600, 100, 10, 20) == 100    # 10 more steps at 10 s each end the run first
     assert train.eta_s(600, 700, 10, None) == 0    # past the budget (the last step ran over): 0, not negative

@@ -234,6 +234,19 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
         parse("0,hot")
 
 
+@pytest.mark.parametrize("flags,message", [(["--loss-decay", "0"], "--loss-decay must be > 0"),
+                                           (["--block-size", "40"], "below the 40 tokens of a sequence"),
+                                           (["--dflash-features", "3"], r"--dflash-features must be in 1\.\.2"),
+                                           (["--save-every", "-1"], "--save-every must be >= 0"),
+                                           (["--lr", "-1"], "--lr must be > 0")])
+def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_path, flags, message):
+    """--loss-decay 0 fell back to the default, a block past the sequence had no labels, more
+    features than target layers were cut to the layers, and --save-every -1 saved every step."""
+    with pytest.raises(ValueError, match=message):
+        run(target_dir, "dflash", "--out-dir", str(tmp_path), *flags)
+    assert not list(tmp_path.iterdir())  # refused before the distillation
+
+
 def test_unset_flags_take_the_method_recipe_and_given_flags_win():
     parse = lambda *a: train_drafter.apply_recipe(train_drafter.get_parser().parse_args(list(a)))
     eagle, dflash = parse("--method", "eagle"), parse("--method", "dflash")

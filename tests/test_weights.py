@@ -64,6 +64,19 @@ def test_committed_drafters_win_over_out_weights(tmp_path, monkeypatch):
     assert path == str(ref / "target.pt") and found == {"eagle": str(ref)} and not skipped
 
 
+def test_a_gpu_preset_plan_on_a_cpu_warns_before_training(tmp_path, monkeypatch, capsys):
+    """bench --preset gpu on a CPU trained a 14-layer target for minutes without a word."""
+    import train_drafter
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setattr(data, "prepare", lambda: None)
+    monkeypatch.setattr(train, "main", lambda a: save_tiny(a.out_path))  # what it trains does not matter
+    monkeypatch.setattr(train_drafter, "main", lambda a: None)
+    for preset, warned in [("tiny", False), ("gpu", True)]:
+        args = argparse.Namespace(**{**vars(args_for(tmp_path / preset)), "preset": preset})
+        weights.find_or_train(args, ["ar", "eagle"], torch.device("cpu"), torch.float32)
+        assert ("NOTE: the gpu preset is sized for a GPU" in capsys.readouterr().out) == warned
+
+
 def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """bench trains a missing drafter with --resume when its killed run left a <method>.run.pt,
     from scratch otherwise, and from scratch when that run file is not one it can continue."""
