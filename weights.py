@@ -81,7 +81,17 @@ def find_or_train(args, methods, device, dtype):
     """-> target, target_path, {method: folder of its checkpoint}, [(method, why) skipped].
     args: bench's weights, target, retrain, preset and out. Raises Unusable when --weights DIR
     has no target that loads."""
-    wanted = [m for m in methods if m in CKPT]
+    target, target_path, found, train_dir = find(args, [m for m in methods if m in CKPT], device, dtype)
+    if train_dir is None:  # --weights DIR: nothing is trained
+        skipped = [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
+    else:
+        target, skipped = train_missing(args, target, target_path, found, train_dir, device, dtype)
+    return target, target_path, {m: d for m, d in found.items() if d}, skipped
+
+
+def find(args, wanted, device, dtype):
+    """-> target (None when none loads), its path, {method: folder or None}, and the folder that
+    what is missing trains into (None for --weights DIR, which trains nothing)."""
     ref_dir, out_dir = os.path.join(data.WEIGHTS_DIR, args.preset), os.path.join(args.out, args.preset)
     target = None
     if args.weights:
@@ -106,10 +116,14 @@ def find_or_train(args, methods, device, dtype):
     found = {m: usable(m, draft_folders if m == "draft" else folders, th) for m in wanted}
     if "mtp" in found and target is not None and target.ckpt.get("mtp_state_dict"):
         found["mtp"] = folders[0]  # native MTP heads live in the target checkpoint
-    if train_dir is None:
-        return target, target_path, {m: d for m, d in found.items() if d}, \
-            [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
-    todo = ["target"] * (target is None) + [m for m in wanted if not found[m]]
+    return target, target_path, found, train_dir
+
+
+def train_missing(args, target, target_path, found, train_dir, device, dtype):
+    """Trains into train_dir what find did not find (the target when it is None, each method
+    whose found[m] is None), after printing the plan with its minutes; fills found[m] for each
+    drafter it trains. -> the target (trained here if it was missing), [(method, why) skipped]."""
+    todo = ["target"] * (target is None) + [m for m, d in found.items() if not d]
     if todo and not os.path.exists(os.path.join(data.DATA_OUT, "data", "meta.json")):
         todo.insert(0, "data")
     first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
@@ -150,4 +164,4 @@ def find_or_train(args, methods, device, dtype):
             except Exception as e:  # a drafter module still being written must not stop the others
                 skipped.append((what, f"training failed ({type(e).__name__}: {e})"))
         print(f"=== {what} done; {(time.time() - t_start) / 60:.1f} min since the plan started", flush=True)
-    return target, target_path, {m: d for m, d in found.items() if d}, skipped
+    return target, skipped
