@@ -435,8 +435,10 @@ def main(argv=None):
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_writable(flag, path)
-    preset = ("the target's in --weights" if args.weights else  # --preset only says where to find or train one
-              args.preset or ("gpu" if device.type == "cuda" else "cpu") + " (follows the device)")
+    if args.weights:  # --preset only says where to find or train a target; the card names this one's
+        preset = "of the target given" + (f" (--preset {args.preset} unused with --weights)" if args.preset else "")
+    else:
+        preset = args.preset or ("gpu" if device.type == "cuda" else "cpu") + " (follows the device)"
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset {preset}, dtype {args.dtype}")
     args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
 

@@ -173,7 +173,7 @@ def claim_run_file(run_file, args):
 
 
 def main(args):
-    check_args(args, ["batch_size", "eval_every", "eval_batches", "quality_tokens"],
+    check_args(args, ["batch_size", "eval_every", "eval_batches"] + ["quality_tokens"] * (args.quality_prompts > 0),
                zero_ok=["mtp_depth", "warmup_steps", "quality_prompts"])
     torch.manual_seed(args.seed)
     if args.threads:

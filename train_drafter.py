@@ -116,6 +116,18 @@ def dflash_features(args, n_layer):
     return n
 
 
+def check_block_args(args):
+    """DFlash's --block-size and --loss-decay. A block anchored at a labels a+1..a+S-1, and the
+    first anchor is 1, or the prompt's last token with --continuation-only: a longer block has
+    slots no sequence ever labels."""
+    longest = args.prompt_len + args.gen_len - (max(1, args.prompt_len - 1) if args.continuation_only else 1)
+    if not 2 <= args.block_size <= longest:
+        raise ValueError(f"--block-size must be in 2..{longest} (a block labels the S-1 positions after its anchor, "
+                         f"and a sequence's first anchor has {longest - 1} after it), got {args.block_size}")
+    if args.loss_decay is not None and not args.loss_decay > 0:  # 0 fell back to the default
+        raise ValueError(f"--loss-decay must be > 0, got {args.loss_decay}")
+
+
 def make_drafter_model(method, target, args):
     if method == "mtp":
         import mtp
@@ -191,9 +203,11 @@ def recipe_of(key):
 # the flags that shape a run (the model's included): resuming under others would not continue
 # the same run. --minutes and --max-steps may change: the cosine schedule then stretches to the
 # new budget from where the run is, which is not the run a longer budget would have made
+# the same run; the method's own model flags count, the other methods' do not
 RUN_FLAGS = ("n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_temperatures", "seed", "batch_size", "lr",
-             "continuation_only", "mtp_depth", "ttt_steps", "dflash_layers", "dflash_features", "block_size",
-             "loss_decay", "anchors")
+             "continuation_only")
+METHOD_FLAGS = {"mtp": ("mtp_depth",), "eagle": ("ttt_steps",),
+                "dflash": ("dflash_layers", "dflash_features", "block_size", "loss_decay", "anchors")}
 
 
 def load_run(path, args, target_hash):
@@ -204,7 +218,7 @@ def load_run(path, args, target_hash):
                          f"{args.method}.run.pt that a run keeps until it finishes")
     if ck["target_hash"] != target_hash:
         raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one ({target_hash})")
-    check_run_flags(path, ck["args"], args, RUN_FLAGS)
+    check_run_flags(path, ck["args"], args, RUN_FLAGS + METHOD_FLAGS[args.method])
     return ck
 
 
@@ -212,11 +226,8 @@ def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every", "mtp_depth",
                       "ttt_steps", "dflash_layers", "anchors"])
-    if not 2 <= args.block_size < args.prompt_len + args.gen_len:  # past the sequence a block has no labels
-        raise ValueError(f"--block-size must be >= 2 (one slot for the last token, one draft) and below the "
-                         f"{args.prompt_len + args.gen_len} tokens of a sequence, got {args.block_size}")
-    if args.loss_decay is not None and not args.loss_decay > 0:  # 0 fell back to the default
-        raise ValueError(f"--loss-decay must be > 0, got {args.loss_decay}")
+    if args.method == "dflash":
+        check_block_args(args)
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -225,7 +236,8 @@ def main(args):
     for p in target.parameters():
         p.requires_grad_(False)
     args.out_dir = args.out_dir or default_out_dir(args.target)
-    args.dflash_features = dflash_features(args, target.cfg.n_layer)  # before the run flags are compared
+    if args.method == "dflash":
+        args.dflash_features = dflash_features(args, target.cfg.n_layer)  # before the run flags are compared
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
     path = drafter_path(args)

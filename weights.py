@@ -128,7 +128,7 @@ def train_missing(args, target, target_path, found, train_dir, device, dtype):
         todo.insert(0, "data")
     first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
     cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
-    if todo and device.type == "cpu" and args.preset == "gpu":
+    if "target" in todo and device.type == "cpu" and args.preset == "gpu":
         print("NOTE: the gpu preset is sized for a GPU: on a CPU these minutes train it for few "
               "steps, and the benchmark then measures an under-trained target (--preset cpu has committed weights)")
     if todo:

@@ -52,7 +52,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="device to probe (default: cuda if available, else cpu)")
     p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median; default %(default)s)")
+    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median; default: %(default)s)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat must be >= 1, got {args.repeat}")

@@ -111,7 +111,8 @@ def test_the_card_and_json_name_the_preset_the_target_was_trained_as(weights, tm
     # --preset picks where bench looks for weights; with --weights DIR it says nothing of the target
     bench.main(["--weights", str(weights), "--preset", "cpu", "--methods", "ar", "--temperatures", "0",
                 "--n-prompts", "1", "--max-new-tokens", "2", "--json", str(tmp_path / "b.json")])
-    assert "target    preset tiny | " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "target    preset tiny | " in out and "preset of the target given (--preset cpu unused with --weights)" in out
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["target"]["preset"] == "tiny" and report["config"]["preset"] == "cpu"
 

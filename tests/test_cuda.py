@@ -887,6 +887,6 @@ def test_self_check_refuses_a_negative_repeat():
 
 @pytest.mark.parametrize("script", ["sdpa_probe.py", "__main__.py"])
 def test_the_cuda_tools_also_run_as_files(script, tmp_path):
-    """`python cuda/sdpa_probe.py` (a path the README gives) could not import `cuda`."""
+    """`python cuda/sdpa_probe.py` (the README names the file) could not import `cuda`."""
     r = subprocess.run([sys.executable, str(cuda.HERE / script), "--help"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and "--repeat" in r.stdout, r.stderr[-800:]

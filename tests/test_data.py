@@ -318,7 +318,8 @@ def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, m
     """Each of these ended in a traceback (a PanicException from the BPE for --vocab-size 100)."""
     (tmp_path / "FILE").write_text("x")
     flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
-    r = subprocess.run([sys.executable, os.path.join(data.ROOT, "data.py"), "--train-tokenizer", *flags],
+    r = subprocess.run([sys.executable, os.path.join(data.ROOT, "data.py"), *flags],  # (no --train-tokenizer:
+                       # a check that failed to refuse would retrain the committed tokenizer)
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 1 and re.search(message, r.stderr) and "Traceback" not in r.stderr, r.stderr[-800:]
     assert "corpus:" not in r.stdout  # refused before any work

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -141,7 +142,7 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
 
 
 @pytest.mark.parametrize("cmd,message", [(["train_drafter.py", "--method", "dflash", "--target", "missing.pt"], "no such checkpoint"),
-                                         (["train_drafter.py", "--method", "dflash", "--block-size", "1"], "--block-size must be >= 2"),
+                                         (["train_drafter.py", "--method", "dflash", "--block-size", "1"], "--block-size must be in 2..255"),
                                          (["train.py", "--preset", "tiny", "--batch-size", "0"], "--batch-size must be >= 1"),
                                          (["train.py", "--preset", "tiny", "--max-steps", "-1"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--mtp-depth", "-1"], "--mtp-depth must be >= 0"),
@@ -169,25 +170,28 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
 @pytest.mark.parametrize("cmd,started,run_file", [
     (["train.py", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--eval-every", "1", "--eval-batches", "1",
       "--quality-prompts", "0", "--out-path", "OUT/t.pt"], "step ", "OUT/t.run.pt"),
-    (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT"], "target: ", "OUT/mtp.run.pt")])
+    (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", "--gen-len", "64"], "target: ",
+     "OUT/mtp.run.pt")])
 def test_ctrl_c_names_the_run_file_to_resume(tmp_path, cmd, started, run_file):
     """A real SIGINT once the run has started (training, or distilling): one line naming the
     file --resume continues from, exit 130, no KeyboardInterrupt traceback."""
     save_tiny(tmp_path / "t.pt")
     argv = [a.replace("OUT", str(tmp_path)) for a in cmd]
-    p = subprocess.Popen([sys.executable, os.path.join(ROOT, argv[0]), *argv[1:], "--minutes", "5", "--threads", "1"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log = tmp_path / "log"
+    with open(log, "w") as f:  # a file, not a pipe: nothing blocks on a full pipe, and the wait has a deadline
+        p = subprocess.Popen([sys.executable, os.path.join(ROOT, argv[0]), *argv[1:], "--minutes", "5", "--threads", "1"],
+                             cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        for line in p.stdout:  # until the run is under way
-            if line.startswith(started):
-                break
+        deadline = time.time() + 120
+        while not any(l.startswith(started) for l in log.read_text().splitlines()):  # the run is under way
+            assert p.poll() is None and time.time() < deadline, log.read_text()[-800:]
+            time.sleep(0.1)
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
+        p.wait(timeout=60)
     finally:
         p.kill()
-    want = run_file.replace("OUT", str(tmp_path))
-    assert p.returncode == 130 and f"--resume {want}" in err and "Traceback" not in err, err[-800:]
+    out, want = log.read_text(), run_file.replace("OUT", str(tmp_path))
+    assert p.returncode == 130 and f"--resume {want}" in out and "Traceback" not in out, out[-800:]
 
 
 def test_check_args_and_eta():

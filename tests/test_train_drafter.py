@@ -235,7 +235,8 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
 
 
 @pytest.mark.parametrize("flags,message", [(["--loss-decay", "0"], "--loss-decay must be > 0"),
-                                           (["--block-size", "40"], "below the 40 tokens of a sequence"),
+                                           (["--block-size", "40"], r"--block-size must be in 2\.\.39"),
+                                           (["--block-size", "26", "--continuation-only"], r"must be in 2\.\.25"),
                                            (["--dflash-features", "3"], r"--dflash-features must be in 1\.\.2"),
                                            (["--save-every", "-1"], "--save-every must be >= 0"),
                                            (["--lr", "-1"], "--lr must be > 0")])
@@ -245,6 +246,17 @@ def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_
     with pytest.raises(ValueError, match=message):
         run(target_dir, "dflash", "--out-dir", str(tmp_path), *flags)
     assert not list(tmp_path.iterdir())  # refused before the distillation
+
+
+def test_another_methods_flags_neither_refuse_a_run_nor_its_resume(target_dir, tmp_path, monkeypatch, capsys):
+    """eagle ignores DFlash's flags: values DFlash would refuse pass, and a run saved under other
+    values of them continues."""
+    with monkeypatch.context() as m, pytest.raises(Interrupted):
+        m.setattr(train_drafter, "save_checkpoint", killed_after(1))
+        run(target_dir, "eagle", "--out-dir", str(tmp_path), "--block-size", "40", "--dflash-features", "3",
+            "--save-every", "1")
+    run(target_dir, "eagle", "--out-dir", str(tmp_path), "--resume", str(tmp_path / "eagle.run.pt"))
+    assert "resuming" in capsys.readouterr().out and (tmp_path / "eagle.pt").exists()
 
 
 def test_unset_flags_take_the_method_recipe_and_given_flags_win():

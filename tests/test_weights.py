@@ -71,10 +71,13 @@ def test_a_gpu_preset_plan_on_a_cpu_warns_before_training(tmp_path, monkeypatch,
     monkeypatch.setattr(data, "prepare", lambda: None)
     monkeypatch.setattr(train, "main", lambda a: save_tiny(a.out_path))  # what it trains does not matter
     monkeypatch.setattr(train_drafter, "main", lambda a: None)
-    for preset, warned in [("tiny", False), ("gpu", True)]:
+    # the second gpu plan reuses the target trained by the first: drafters only, no warning
+    for preset, warned in [("tiny", False), ("gpu", True), ("gpu", False)]:
         args = argparse.Namespace(**{**vars(args_for(tmp_path / preset)), "preset": preset})
         weights.find_or_train(args, ["ar", "eagle"], torch.device("cpu"), torch.float32)
-        assert ("NOTE: the gpu preset is sized for a GPU" in capsys.readouterr().out) == warned
+        out = capsys.readouterr().out
+        assert ("NOTE: the gpu preset is sized for a GPU" in out) == warned and "=== [1/" in out
+        assert not warned or out.index("NOTE") < out.index("=== [1/")  # before the training, not after
 
 
 def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
