@@ -270,7 +270,8 @@ def main(args):
         if args.save_every and step % args.save_every == 0:
             save(run_file)
     val_loss, bpb = evaluate(model, val_batches, enc)
-    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {loss.item():.3f} | "
+    last = "none (no step was left)" if loss.isnan() else f"{loss.item():.3f}"  # a resumed run that had ended
+    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {last} | "
           f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
     save(out_path)  # with the optimizer: --resume can extend a finished run too
     if owns_run and os.path.exists(run_file):

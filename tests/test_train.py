@@ -47,7 +47,7 @@ def test_a_few_hundred_steps_lower_the_validation_loss(tmp_path):
 
 
 @pytest.mark.parametrize("mtp", [[], ["--mtp-depth", "1"]], ids=["target", "target+mtp"])
-def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch, mtp):
+def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch, capsys, mtp):
     """12 steps straight, or killed right after the save at step 6 and resumed: the same weights,
     bit for bit (the warm-up is counted in steps, so no rate comes from the clock here), native
     MTP heads included."""
@@ -92,7 +92,9 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch, mt
         train.main(train.get_parser().parse_args(flags + ["--out-path", cut]))
     with pytest.raises(ValueError, match=r"another run.*--lr 0.002 \(given 0.01\)"):  # not this run's flags
         train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file, "--lr", "1e-2"]))
+    capsys.readouterr()
     train.main(train.get_parser().parse_args(flags + ["--out-path", cut, "--resume", run_file]))
+    assert "final train none (no step was left)" in capsys.readouterr().out  # it said "nan"
     again = load_checkpoint(cut)
     assert again["step"] == 12 and not os.path.exists(run_file)
     assert all(torch.equal(again["state_dict"][k], v) for k, v in whole["state_dict"].items())
