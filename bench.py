@@ -402,16 +402,18 @@ def main(argv=None):
             "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
-            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1)}
+            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0)}
     for flag, (value, low) in lows.items():
-        if value < low:
+        if not value >= low:  # NaN too
             die(f"{flag} must be >= {low}, got {value}")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     if args.target and not args.weights:
         die("--target names the target for the drafters in --weights DIR; without --weights, bench finds its own")
     named = args.methods is not None
-    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
+    methods = [m.strip() for m in (",".join(METHODS) if args.methods is None else args.methods).split(",") if m.strip()]
+    if named and not methods:
+        die(f"--methods names no method; choose from {', '.join(METHODS)}")
     for m in methods:
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")

@@ -156,6 +156,8 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
+    (["--mtp-margin", "nan"], "--mtp-margin must be >= 0, got nan"),
+    (["--methods", ""], "--methods names no method"),
     (["--weights", "w", "--retrain"], "--weights DIR trains nothing"),
     (["--target", "t.pt"], "--target names the target for the drafters in --weights DIR"),
     (["--K", "0"], "--K must be >= 1, got 0"),
