@@ -844,3 +844,15 @@ def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypa
     top1 = run_cli(tmp_path, monkeypatch, capsys, *args, "--temperature", "1", "--top-k", "1", "--check")
     assert top1.split("\n[")[0] == greedy  # sampling from the top 1 is greedy
     assert "sampled outputs differ by design" in top1
+
+
+def test_the_readme_drafter_of_your_own_runs_and_is_lossless():
+    """README's "Write a drafter of your own" block, run as a user would from the repository
+    root: its own assert is the greedy equality, and it prints the tau the README quotes."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("### Write a drafter of your own")[1]
+    block = section.split("```python\n")[1].split("```")[0]
+    r = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-800:]
+    greedy = next(l for l in r.stdout.splitlines() if l.startswith("greedy tau"))
+    assert f"It prints `{greedy}`" in section, greedy
