@@ -330,7 +330,7 @@ def read_prompts_file(path):
 
 def check_cli(args):
     """data.py's flags, checked before the corpus is read: a bad one ended in a traceback."""
-    from model import check_writable
+    from model import check_writable  # model imports data, so not at the top
     try:
         sizes = [args.vocab_size, *map(int, args.measure.split(","))]
     except ValueError:

@@ -137,8 +137,9 @@ def make_drafter_model(method, target, args):
         return draft_eagle.Eagle(target.cfg, ttt_steps=args.ttt_steps)
     if method == "dflash":
         import draft_diffusion
-        return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers, n_features=dflash_features(args, target.cfg.n_layer),
-                                      block_size=args.block_size, anchors=args.anchors, gamma=args.loss_decay)
+        return draft_diffusion.DFlash(target.cfg, n_layer=args.dflash_layers,
+                                      n_features=dflash_features(args, target.cfg.n_layer), block_size=args.block_size,
+                                      anchors=args.anchors, gamma=args.loss_decay)
     raise ValueError(f"unknown method {method!r}; choose mtp, eagle or dflash")
 
 
@@ -202,8 +203,8 @@ def recipe_of(key):
 
 # the flags that shape a run (the model's included): resuming under others would not continue
 # the same run. --minutes and --max-steps may change: the cosine schedule then stretches to the
-# new budget from where the run is, which is not the run a longer budget would have made
-# the same run; the method's own model flags count, the other methods' do not
+# new budget from where the run is, which is not the run a longer budget would have made. Of
+# the model flags only the method's own count: another method's never shaped this run
 RUN_FLAGS = ("n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_temperatures", "seed", "batch_size", "lr",
              "continuation_only")
 METHOD_FLAGS = {"mtp": ("mtp_depth",), "eagle": ("ttt_steps",),

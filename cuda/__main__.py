@@ -13,8 +13,8 @@ The case builders here are shared with tests/test_cuda.py.
 """
 
 import argparse
-import os
 import math
+import os
 import statistics
 import sys
 import time
