@@ -593,6 +593,22 @@ def test_stop_token_stops_its_row_only(name):
     assert refilled == cut
 
 
+def test_an_accepted_draft_of_the_stop_token_stops_the_row_in_that_pass():
+    """The stop token committed among a pass's accepted drafts, not as its emitted token, ends
+    the row there: no further passes (the output alone would not show it: take() cuts at the
+    stop token anyway). The target drafting for itself accepts every draft of the first pass."""
+    target, prompt = loopy_target(), list(prompts("repetitive")[0])
+    ref = reference("repetitive", tuple(prompt), MAX_NEW)
+    # the prefill emits ref[0]; the first draft-verify pass commits ref[1..4] as accepted drafts
+    i = next(i for i in (1, 2, 3) if ref[i] not in ref[:i])
+    for batch_size in (None, 1):  # fixed, and through one row with the second prompt waiting
+        outs, st = speculate.generate(target, [prompt, prompt], make_drafter("self", target), max_new_tokens=MAX_NEW,
+                                      K=4, stop_token=ref[i], batch_size=batch_size)
+        assert outs == [ref[:i + 1]] * 2
+        assert st["row_passes"] == [2, 2]  # the prefill and one draft-verify pass each
+        assert st["verify_passes"] == (2 if batch_size is None else 4)
+
+
 class StopProposer(NgramDrafter):
     """Always drafts the stop token: every draft is rejected by a target that never says it."""
 
