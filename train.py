@@ -236,7 +236,7 @@ def main(args):
                                    optimizer=opt.state_dict(), batch_rng=gen.get_state(),
                                    tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
                                    elapsed=time.time() - t_start, val_loss=val_loss, bpb=bpb))
-    loss = torch.tensor(float("nan"))  # a resumed run with no step left still ends, saves and reports
+    loss = None  # a resumed run with no step left still ends, saves and reports
     model.train()
     while True:
         elapsed = time.time() - t_start
@@ -270,7 +270,7 @@ def main(args):
         if args.save_every and step % args.save_every == 0:
             save(run_file)
     val_loss, bpb = evaluate(model, val_batches, enc)
-    last = "none (no step was left)" if loss.isnan() else f"{loss.item():.3f}"  # a resumed run that had ended
+    last = "none (no step was left)" if loss is None else f"{loss.item():.3f}"  # a resumed run that had ended
     print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {last} | "
           f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
     save(out_path)  # with the optimizer: --resume can extend a finished run too

@@ -152,10 +152,11 @@ def test_greedy_dflash_equals_plain_decoding(S, B):
     assert len(st["acceptance_per_position"]) == S - 1
     att = st["attempts_per_position"]
     assert att[-1] == att[0] > 0  # every pass drafted the whole block: K = S - 1 tokens
-    # asked for fewer, it drafts exactly K: the first K slots of its block
+    # asked for fewer, it runs a block of K+1 slots and drafts exactly K at every pass
     outs, st = speculate.generate(target, prompts, DFlashDrafter(target, df, block_size=S), max_new_tokens=25, K=S // 2)
     assert outs == [naive_generate(target, p, 25) for p in prompts]
-    assert len(st["attempts_per_position"]) == S // 2 and st["attempts_per_position"][-1] > 0
+    att = st["attempts_per_position"]
+    assert att[-1] == att[0] > 0
 
 
 @torch.no_grad()

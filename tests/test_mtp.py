@@ -95,7 +95,7 @@ def test_greedy_equals_plain(kind, K, margin):
 
 
 def test_a_one_token_prompt_leaves_the_deeper_modules_nothing_to_cache():
-    """With n = 2 committed tokens module k >= 2 has no exact position yet (n - k < 0): its
+    """With n = 2 committed tokens module k >= 2 has no exact position yet (n - k <= 0): its
     cache length must clamp at 0, not go negative (the next propose indexed position -1)."""
     target = loopy_target()
     for prompts, batch_size in [([[5]], None), ([[5], [1, 2, 3, 4, 5, 6]], None), ([[1, 2, 3, 4, 5, 6], [5]], 1)]:
