@@ -44,8 +44,7 @@ import torch
 
 import data
 import weights
-import model
-from model import PRESETS, get_device
+from model import PRESETS, check_writable, get_device
 from speculate import METHODS, generate, load_drafter
 
 REPEAT_WARN = 0.15  # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
@@ -63,14 +62,6 @@ def write_atomic(path, text):
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
-
-
-def check_writable(flag, path):
-    """--json / --plot must be writable before the benchmark runs, not found unwritable after it."""
-    try:
-        model.check_writable(path)
-    except ValueError as e:
-        die(f"{flag} {e}")
 
 
 def sync(device):
@@ -434,9 +425,12 @@ def main(argv=None):
         die("--dtype bfloat16 needs --device cuda")
     if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
         die(f"--json and --plot name the same file {args.json}: the chart would replace the JSON")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_writable(flag, path)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):  # writable before the run, not after it
+        try:
+            if path:
+                check_writable(path)
+        except ValueError as e:
+            die(f"{flag} {e}")
     if args.weights:  # --preset only says where to find or train a target; the card names this one's
         preset = "of the target given" + (f" (--preset {args.preset} unused with --weights)" if args.preset else "")
     else:

@@ -401,6 +401,8 @@ if __name__ == "__main__":
     parser.add_argument("--export", default=None, metavar="DST",
                         help="instead: write --ckpt (any kind) to DST in bf16 without optimizer state")
     args = parser.parse_args()
+    if args.max_new_tokens < 1:  # before the checkpoint is loaded
+        raise SystemExit(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     try:  # a missing, corrupt or foreign checkpoint is a one-line error
         if args.export:
             check_writable(args.export)
@@ -416,8 +418,6 @@ if __name__ == "__main__":
     prompt = enc.encode_ordinary(args.prompt)
     if not prompt:
         raise SystemExit("error: empty prompt")
-    if args.max_new_tokens < 1:
-        raise SystemExit(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if len(prompt) + args.max_new_tokens > model.cfg.max_seq_len:
         raise SystemExit(f"error: prompt ({len(prompt)} tokens) + {args.max_new_tokens} new tokens "
                          f"exceeds the context of {model.cfg.max_seq_len}")
