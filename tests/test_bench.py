@@ -86,7 +86,6 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) == len(rows)
 
 
-
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
     """One row taking the two prompts in turn decodes each as the fixed batches of one do: the
     same tokens (lossless against ar), tau and target passes (a refill is a prefill)."""
