@@ -327,6 +327,9 @@ def print_table(results, sweep, sizes, T0, n_prompts):
                                                  for s in sweep if s["batch_size"] == bs))
 
 
+# -----------------------------------------------------------------------------
+# command line
+
 def get_parser():
     p = argparse.ArgumentParser(description="Benchmark every speculative-decoding method on one target.")
     g = p.add_argument_group("what to run")
@@ -380,8 +383,10 @@ def get_parser():
     return p
 
 
-def main(argv=None):
-    args = get_parser().parse_args(argv)
+def check_args(args):
+    """The flags that need no file or model, checked before any work (bad input ends in one
+    line) -> temperatures, the sweep's batch sizes, the methods (ar first), and whether
+    --methods named them (then each must run)."""
     try:
         temps = [float(t) for t in args.temperatures.split(",")]
         sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
@@ -397,6 +402,8 @@ def main(argv=None):
     for flag, (value, low) in lows.items():
         if not value >= low:  # NaN too
             die(f"{flag} must be >= {low}, got {value}")
+    if args.top_k is not None and not any(t > 0 for t in temps):
+        die("--top-k restricts sampling; every one of --temperatures decodes greedily")
     if args.weights and args.retrain:
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     if args.target and not args.weights:
@@ -408,7 +415,45 @@ def main(argv=None):
     for m in methods:
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
+    return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], named
+
+
+def load_methods(args, methods, named, device, dtype):
+    """The target and each method's drafter, found or trained first (weights.py). A method
+    that cannot run is skipped with its reason, unless --methods named it: then the run ends.
+    -> target, its path, {method: drafter (None for ar)}, {method: draft length K}."""
+    def skip(m, why):
+        if named:
+            die(f"{m} was asked for in --methods, but {why}")
+        print(f"skipping {m}: {why}")
+
+    for m in [m for m in methods if m in weights.MODULE and importlib.util.find_spec(weights.MODULE[m]) is None]:
+        skip(m, f"{weights.MODULE[m]}.py is missing, so it can be neither loaded nor trained")
+        methods.remove(m)
+    try:
+        target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)
+    except weights.Unusable as e:
+        die(str(e))
+    drafters = {}
+    for m in methods:
+        if m in weights.CKPT and m not in found:
+            continue  # reason already in skipped
+        try:
+            drafters[m] = get_drafter(m, target, found.get(m), args)
+        except ValueError as e:  # a block size above what dflash was trained for, more drafts than mtp's depth
+            die(f"{m}: {e}" + {"dflash": " (see --block-size)", "mtp": " (see --mtp-draft)"}.get(m, ""))
+        except (ImportError, FileNotFoundError, AttributeError) as e:
+            skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
+    for m, why in skipped:
+        skip(m, why)
+    Ks = {m: 0 if d is None else (args.K if m in ("ngram", "draft", "eagle") else getattr(d, "default_K", args.K))
+          for m, d in drafters.items()}
+    return target, target_path, drafters, Ks
+
+
+def main(argv=None):
+    args = get_parser().parse_args(argv)
+    temps, sizes, methods, named = check_args(args)
     try:
         if args.prompts:
             texts, source = data.read_prompts_file(args.prompts), args.prompts
@@ -439,33 +484,7 @@ def main(argv=None):
     args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
 
     enc = data.get_encoding()
-
-    def skip(m, why):  # methods named in --methods must run; the others may be left out
-        if named:
-            die(f"{m} was asked for in --methods, but {why}")
-        print(f"skipping {m}: {why}")
-
-    for m in [m for m in methods if m in weights.MODULE and importlib.util.find_spec(weights.MODULE[m]) is None]:
-        skip(m, f"{weights.MODULE[m]}.py is missing, so it can be neither loaded nor trained")
-        methods.remove(m)
-    try:
-        target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)
-    except weights.Unusable as e:
-        die(str(e))
-    drafters = {}
-    for m in methods:
-        if m in weights.CKPT and m not in found:
-            continue  # reason already in skipped
-        try:
-            drafters[m] = get_drafter(m, target, found.get(m), args)
-        except ValueError as e:  # a block size above what dflash was trained for, more drafts than mtp's depth
-            die(f"{m}: {e}" + {"dflash": " (see --block-size)", "mtp": " (see --mtp-draft)"}.get(m, ""))
-        except (ImportError, FileNotFoundError, AttributeError) as e:
-            skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
-    for m, why in skipped:
-        skip(m, why)
-    Ks = {m: 0 if d is None else (args.K if m in ("ngram", "draft", "eagle") else getattr(d, "default_K", args.K))
-          for m, d in drafters.items()}
+    target, target_path, drafters, Ks = load_methods(args, methods, named, device, dtype)
 
     prompts = [enc.encode_ordinary(t) for t in texts]
     for i, (t, ids) in enumerate(zip(texts, prompts), 1):

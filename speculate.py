@@ -484,7 +484,11 @@ if __name__ == "__main__":
     from data import get_encoding
     from model import generate as naive_generate, get_device, load_target
     enc = get_encoding()
-    try:
+    try:  # flags that would change nothing are refused, not ignored
+        if args.method == "ar" and args.draft_len is not None:
+            raise ValueError("-K sets how many tokens a drafter proposes per step; ar drafts none")
+        if args.top_k is not None and args.temperature == 0:
+            raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         target = load_target(args.ckpt, device=get_device(args.device))
         drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)

@@ -154,6 +154,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (["--top-k", "5", "--temperatures", "0"], "--top-k restricts sampling"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
     (["--mtp-margin", "nan"], "--mtp-margin must be >= 0, got nan"),
     (["--methods", ""], "--methods names no method"),

@@ -872,7 +872,9 @@ def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
                            (["--temperature", "nan"], "temperature must be >= 0, got nan"),
                            (["--ckpt", str(tmp_path / "missing.pt")], "no such checkpoint"),
                            (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt"),
-                           (["--method", "ngram", "-K", "0"], "K must be >= 1")]:
+                           (["--method", "ngram", "-K", "0"], "K must be >= 1"),
+                           (["--method", "ar", "-K", "4"], "ar drafts none"),
+                           (["--top-k", "5"], "--temperature 0 decodes greedily")]:
         r = subprocess.run(cmd + extra, cwd=tmp_path, capture_output=True, text=True)
         assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
 
