@@ -71,9 +71,8 @@ def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     from model import apply_rope
     L, B, H, T_max, D = cache_k.shape
     T_new = new_k.shape[2]
-    end = int((offsets + counts).max()) if B else 0  # one past the last slot written
-    if not (bool(((counts >= 0) & (counts <= T_new)).all()) and bool((offsets >= 0).all())
-            and end <= min(T_max, cos.shape[0])):
+    room = min(T_max, cos.shape[0]) - counts  # not offsets + counts: a garbage offset must not wrap
+    if not (bool(((counts >= 0) & (counts <= T_new)).all()) and bool(((offsets >= 0) & (offsets <= room)).all())):
         raise ValueError(f"kv_inject_ref: offsets + counts must lie within T_max = {T_max} and "
                          f"the RoPE tables (P = {cos.shape[0]}), counts within [0, {T_new}]")
     t = torch.arange(T_new, device=offsets.device)

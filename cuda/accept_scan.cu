@@ -14,7 +14,8 @@
 //           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
 //           r has no mass or slot n is empty): the first j with cdf_j > u_K * cdf_{V-1}
 //           (torch.searchsorted right=True; such a j always has r_j > 0, which the kernel also
-//           requires). An empty slot is rejected.
+//           requires, and where rounding leaves no such j it takes the last j with r_j > 0).
+//           An empty slot is rejected.
 //           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
 //
 // NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds
@@ -216,9 +217,11 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
   const float target = u[b * K1 + K] * static_cast<float>(total);
   // pass 2: tiles in order; the first j whose float32-rounded running sum exceeds the target
   __shared__ int64_t s_first;
-  if (threadIdx.x == 0) s_first = V;
+  __shared__ unsigned long long s_last;  // 1 + the last token with mass (0: none), see below
+  if (threadIdx.x == 0) s_first = V, s_last = 0;
   __syncthreads();
   double carry = 0.0;
+  int64_t last = -1;  // this thread's last token with mass so far
   for (int64_t start = 0; start < V; start += blockDim.x) {
     const int64_t j = start + threadIdx.x;
     const double x = j < V ? (use_p ? p_n[j] : residual(j)) : 0.0;
@@ -226,12 +229,23 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
     const double cdf = carry + block_inclusive_scan(x, &tile);
     // x > 0: a zero-mass token is never first, even where the tile's tree scan rounded its
     // running sum a hair above its neighbour's (the reference's sequential sum stays flat there)
-    if (j < V && x > 0.0 && static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
+    if (j < V && x > 0.0) {
+      last = j;
+      if (static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
+    }
     carry += tile;
     __syncthreads();
     if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first
   }
-  if (threadIdx.x == 0) n_out[b] = n, next_out[b] = s_first < V - 1 ? s_first : V - 1;
+  // No token crossed, though u < 1: pass 1's total rounded above pass 2's last running sum
+  // (contrived inputs, tests/test_cuda.py builds one). The target then sits at the very top of
+  // the distribution: take the last token with mass, never a zero-mass V - 1. A NaN target
+  // crosses nowhere and keeps V - 1, like the reference's searchsorted.
+  if (s_first == V && target == target) {  // block-uniform: s_first was read after a barrier
+    if (last >= 0) atomicMax(&s_last, (unsigned long long)(last + 1));
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
 }
 
 // -----------------------------------------------------------------------------

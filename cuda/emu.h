@@ -24,7 +24,7 @@
 // as it does at a full-mask shuffle after some of the warp's lanes returned (undefined on a
 // GPU) and at a launch with no blocks (a GPU's launch error).
 // DFLASH_EMU_SCHEDULE=eager changes the order (see eager_schedule below): a warp runs on as soon
-// as its lanes meet, and blocks run last to first. The tests run accept_scan's kernels (the ones
+// as its lanes meet, and threads and blocks run last to first. The tests run accept_scan's kernels (the ones
 // with barriers, shuffles and a ticket) under both orders.
 //
 // What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
@@ -120,13 +120,14 @@ inline bool release_warp(int w) {
   return true;
 }
 
-// DFLASH_EMU_SCHEDULE=eager: a warp whose lanes have all reached a shuffle runs on at once, up
-// to the next __syncthreads, before the threads after it have run at all, and blocks run last to
-// first. The default (in order) runs every thread up to its next barrier first, so one warp
-// never overtakes another, and the blocks run first to last. A kernel that is right under both
-// does not rely on either order: eager breaks a missing barrier before shared memory is reused
-// (warp 0 overwrites it before warp 1 has read it) and a "last block" picked by index instead of
-// by ticket.
+// DFLASH_EMU_SCHEDULE=eager: threads are resumed last to first, a warp whose lanes have all
+// reached a shuffle runs on at once, up to the next __syncthreads, before the threads ahead of it
+// in that order have run at all, and blocks run last to first. The default (in order) runs every
+// thread, first to last, up to its next barrier, so one warp never overtakes another, and the
+// blocks run first to last. A kernel that is right under both does not rely on either order:
+// eager breaks a missing barrier before shared memory is reused (the last warp overwrites it
+// before warp 0 has read it), a missing barrier after thread 0 writes a shared value (the others
+// read it first), and a "last block" picked by index instead of by ticket.
 inline bool eager_schedule() {
   const char* s = std::getenv("DFLASH_EMU_SCHEDULE");
   return s && std::string(s) == "eager";
@@ -145,14 +146,15 @@ inline void run_block(int n, bool eager) {
     f.state = RUNNING;
   }
   for (;;) {
-    for (int t = 0; t < n; t++)
-      if (fibers[t].state == RUNNING) {
-        resume(t);
-        const int w = t / 32;
-        while (eager && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
-          for (int l = 32 * w; l < 32 * w + 32; l++)
-            if (fibers[l].state == RUNNING) resume(l);
-      }
+    for (int i = 0; i < n; i++) {
+      const int t = eager ? n - 1 - i : i;
+      if (fibers[t].state != RUNNING) continue;
+      resume(t);
+      const int w = t / 32;
+      while (eager && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
+        for (int l = 32 * w; l < 32 * w + 32; l++)
+          if (fibers[l].state == RUNNING) resume(l);
+    }
     int live = 0, at_sync = 0;
     bool released = false;
     for (int w = 0; w < n / 32; w++) released |= release_warp(w);
@@ -235,6 +237,11 @@ inline int atomicAdd(int* a, int v) {
 inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
   const unsigned long long old = *a;
   if (v < old) *a = v;
+  return old;
+}
+inline unsigned long long atomicMax(unsigned long long* a, unsigned long long v) {
+  const unsigned long long old = *a;
+  if (v > old) *a = v;
   return old;
 }
 inline void __threadfence() {}

@@ -120,10 +120,11 @@ void kv_inject(at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& new_k,
   const int64_t* cnt = counts.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; b++) {  // on the host the exact check is free
     TORCH_CHECK(cnt[b] >= 0 && cnt[b] <= T_new, "kv_inject: counts[", b, "] = ", cnt[b], " not in [0, T_new = ", T_new, "]");
-    TORCH_CHECK(off[b] >= 0 && off[b] + cnt[b] <= T_max, "kv_inject: row ", b, " writes slots [", off[b], ", ",
-                off[b] + cnt[b], ") outside the cache (T_max = ", T_max, ")");
-    TORCH_CHECK(off[b] + cnt[b] <= P, "kv_inject: row ", b, " needs RoPE positions up to ", off[b] + cnt[b] - 1,
-                " but the tables have P = ", P, " rows");
+    // off <= T_max - cnt, not off + cnt <= T_max: a garbage offset near INT64_MAX must not wrap
+    TORCH_CHECK(off[b] >= 0 && off[b] <= T_max - cnt[b], "kv_inject: row ", b, " writes ", cnt[b],
+                " slots from offset ", off[b], ", outside the cache (T_max = ", T_max, ")");
+    TORCH_CHECK(off[b] <= P - cnt[b], "kv_inject: row ", b, " needs RoPE positions ", off[b], " + ", cnt[b],
+                " - 1 but the tables have P = ", P, " rows");
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "kv_inject_host", [&] {
     kv_inject_host<scalar_t>(cache_k, cache_v, new_k, new_v, off, cnt, cos.data_ptr<float>(), sin.data_ptr<float>());

@@ -62,7 +62,8 @@ __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __re
     const int64_t b = r % B, l = r / B;
     const int64_t count = counts[b], off = offsets[b];
     // the host path's checks, on every row (one with no new tokens too), before the padding skip
-    const bool ok = count >= 0 && count <= T_new && off >= 0 && off + count <= T_max && off + count <= P;
+    // off <= T_max - count, not off + count <= T_max: a garbage offset near INT64_MAX must not wrap
+    const bool ok = count >= 0 && count <= T_new && off >= 0 && off <= T_max - count && off <= P - count;
     CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or the RoPE tables");
     if (!ok) continue;         // never write out of bounds, even with device asserts compiled out
     if (t >= count) continue;  // padding of a short row: untouched

@@ -109,6 +109,8 @@ def test_kv_inject_host_checks(ext):
 
     with pytest.raises(RuntimeError, match="outside the cache"):
         call(4, torch.tensor([0, 7]))                      # offsets: row 1 runs past T_max
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        call(4, torch.tensor([0, 2 ** 63 - 2]))            # offset + count wraps to a negative int64
     with pytest.raises(RuntimeError, match="counts"):
         call(5, torch.tensor([0, 5]))                      # counts > T_new
     with pytest.raises(RuntimeError, match="RoPE"):
@@ -435,6 +437,7 @@ BAD_ROWS = {  # row b made to fall outside the cache or the RoPE tables: (b, off
     "count_over_T_new": (1, 0, 5, 20),    # T_new = 4
     "negative_count": (1, 0, -1, 20),
     "nothing_new_at_a_negative_offset": (0, -5, 0, 20),  # checked although nothing is written
+    "offset_that_wraps": (1, 2 ** 63 - 2, 4, 20),  # offset + count wraps to a negative int64
     "short_rope_tables": (2, 16, 4, 19),  # the last row needs positions up to 19
 }
 
@@ -520,8 +523,9 @@ def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(e
 
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 @pytest.mark.parametrize("mode", MODES)
-# in order and eager (emu.h): a barrier missing before shared memory is reused, or kernel2's
-# last block picked by index instead of by ticket, passes in order and fails eager
+# in order and eager (emu.h): a barrier missing before shared memory is reused or after thread 0
+# writes a shared value, or kernel2's last block picked by index instead of by ticket, passes in
+# order and fails eager
 @pytest.mark.parametrize("shape, schedule", [(s, "in_order") for s in ACCEPT_SHAPES + QWEN_SHAPES] +
                          [(s, "eager") for s in ACCEPT_SHAPES])
 def test_accept_scan_emulated_kernels(emu, shape, schedule, mode, version, monkeypatch):
@@ -555,6 +559,21 @@ def test_accept_scan_emulated_kernel_samples_right_of_a_cdf_tie(emu):
     drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])  # draft 0 rejected: residual cdf 0, .25, .375, .5
     assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[0], [2]]  # target .25 = cdf[1]
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[0], [2]]
+
+
+def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu):
+    """Catches the fallback to V - 1 (here a zero-mass token) when no running sum crosses the
+    target: pass 1's total (strided, then a tree) rounds up to 0.5 + 2^-24 while pass 2's tile
+    scans absorb the tiny masses and end at 0.5, so u = 1 - 2^-24 puts the target above every
+    running sum. The kernel then takes the last token with mass. The reference's sequential sum
+    is consistent with itself and picks token 0: contrived inputs part the two (header)."""
+    V = 4099
+    p = torch.zeros(1, 2, V)
+    p[0, 0, 3] = 1.0                                  # draft 3 accepted: the bonus row is sampled
+    p[0, 1, 0], p[0, 1, 1], p[0, 1, 2:2050] = 0.5, 2.0 ** -25, 2.0 ** -63  # tokens 2050.. have none
+    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [2049]]
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [0]]
 
 
 def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
@@ -614,9 +633,14 @@ __global__ void order(int* out) {  // the order the schedule runs things in
   __shared__ int flag;
   if (threadIdx.x == 0) flag = 0;
   __syncthreads();
-  if (threadIdx.x == 32) out[blockIdx.x] = flag;  // warp 1, before any shuffle of its own
+  if (threadIdx.x == 0) out[blockIdx.x] = flag;  // warp 0, before any shuffle of its own
   const int v = __shfl_down_sync(0xffffffff, 1, 1);
-  if (threadIdx.x == 0) flag = v, out[2] = out[2] * 10 + blockIdx.x;  // warp 0 past its shuffle; block order
+  if (threadIdx.x == 32) flag = v, out[2] = out[2] * 10 + blockIdx.x;  // warp 1 past its shuffle; block order
+}
+__global__ void no_barrier(int* out) {  // the bug: thread 0 writes, the others read, no barrier between
+  __shared__ int s;
+  if (threadIdx.x == 0) s = 7;
+  out[threadIdx.x] = s;
 }
 __global__ void half_warp(int* out) {  // lanes 16..31 leave, the rest shuffle with the full mask
   if (threadIdx.x >= 16) return;
@@ -633,6 +657,8 @@ int main() {
   int seen[3] = {0, 0, 0};
   emu::Launch(dim3(2), dim3(64)).run(order, seen);
   std::printf("order %d %d %d\n", seen[0], seen[1], seen[2]);
+  emu::Launch(dim3(1), dim3(64)).run(no_barrier, flags);
+  std::printf("no_barrier %d %d\n", flags[0], flags[63]);
   for (int k = 0; k < 3; k++) try {  // each of these is an error on a GPU (a hang, UB, a launch error)
     if (k == 0) emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
     if (k == 1) emu::Launch(dim3(1), dim3(32)).run(half_warp, tmp);
@@ -647,9 +673,11 @@ int main() {
 @pytest.mark.parametrize("schedule", ["in_order", "eager"])
 def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path, schedule):
     out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")), schedule)
-    # in order, warp 1 reads the flag before warp 0 is past its shuffle and block 0 runs first;
-    # eager, warp 0 has run on and set it, and block 1 runs first
+    # in order, warp 0 reads the flag before warp 1 is past its shuffle and block 0 runs first;
+    # eager (last to first), warp 1 has run on and set it, and block 1 runs first
     assert {"in_order": "order 0 0 1", "eager": "order 1 1 10"}[schedule] in out
+    # eager, thread 63 reads the shared value before thread 0 writes it: the missing barrier shows
+    assert {"in_order": "no_barrier 7 7", "eager": "no_barrier 7 0"}[schedule] in out
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
     assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
@@ -794,6 +822,15 @@ def test_dflash_end_to_end_cuda(ext, dtype, monkeypatch):
     fused = dflash_outputs("cuda", dtype, "1", monkeypatch, check_plain=dtype == torch.float32)
     assert cuda.active_path("cuda")[0] == "extension"
     assert fused == dflash_outputs("cuda", dtype, "0", monkeypatch)
+
+
+def test_kv_inject_ref_refuses_an_offset_that_wraps():
+    """offset + count past INT64_MAX wraps negative, and a negative slot indexes from the end."""
+    args = list(make_kv_case(1, 2, 1, 8, 10, 4))
+    args[4], args[5] = torch.tensor([0, 2 ** 63 - 2]), torch.tensor([0, 4])
+    with pytest.raises(ValueError, match="offsets"):
+        cuda.kv_inject_ref(*args)
+    assert args[0].isnan().all() and args[1].isnan().all()
 
 
 def test_kv_inject_ref_refuses_rope_tables_too_short():
