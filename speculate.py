@@ -39,7 +39,7 @@ draft_eagle.py and draft_diffusion.py hold the others):
                                   forget the old prompt and catch up on this one, on row b alone
 tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts. Whatever a
 drafter computed tentatively inside propose it rolls back itself. generate checks the shapes
-propose returns (README: "Write a drafter of your own" is a 25-line example).
+propose returns (README: "Write a drafter of your own" is a short example).
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
