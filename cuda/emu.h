@@ -24,8 +24,8 @@
 // as it does at a full-mask shuffle after some of the warp's lanes returned (undefined on a
 // GPU) and at a launch with no blocks (a GPU's launch error).
 // DFLASH_EMU_SCHEDULE=eager changes the order (see eager_schedule below): a warp runs on as soon
-// as its lanes meet, and threads and blocks run last to first. The tests run accept_scan's kernels (the ones
-// with barriers, shuffles and a ticket) under both orders.
+// as its lanes meet, and threads and blocks run last to first. The tests run accept_scan's
+// kernels (the ones with barriers, shuffles and a ticket) under both orders.
 //
 // What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
 // grid-stride and ticket patterns, and the float results: __fmul_rn and friends round to

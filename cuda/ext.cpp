@@ -123,8 +123,8 @@ void kv_inject(at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& new_k,
     // off <= T_max - cnt, not off + cnt <= T_max: a garbage offset near INT64_MAX must not wrap
     TORCH_CHECK(off[b] >= 0 && off[b] <= T_max - cnt[b], "kv_inject: row ", b, " writes ", cnt[b],
                 " slots from offset ", off[b], ", outside the cache (T_max = ", T_max, ")");
-    TORCH_CHECK(off[b] <= P - cnt[b], "kv_inject: row ", b, " needs RoPE positions ", off[b], " + ", cnt[b],
-                " - 1 but the tables have P = ", P, " rows");
+    TORCH_CHECK(off[b] <= P - cnt[b], "kv_inject: row ", b, " writes ", cnt[b], " positions from ", off[b],
+                ", past the RoPE tables (P = ", P, " rows)");
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "kv_inject_host", [&] {
     kv_inject_host<scalar_t>(cache_k, cache_v, new_k, new_v, off, cnt, cos.data_ptr<float>(), sin.data_ptr<float>());

@@ -563,10 +563,11 @@ def test_accept_scan_emulated_kernel_samples_right_of_a_cdf_tie(emu):
 
 def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu):
     """Catches the fallback to V - 1 (here a zero-mass token) when no running sum crosses the
-    target: pass 1's total (strided, then a tree) rounds up to 0.5 + 2^-24 while pass 2's tile
-    scans absorb the tiny masses and end at 0.5, so u = 1 - 2^-24 puts the target above every
-    running sum. The kernel then takes the last token with mass. The reference's sequential sum
-    is consistent with itself and picks token 0: contrived inputs part the two (header)."""
+    target. Pass 1's total (per thread, then a tree) keeps the 2^-63 masses that pass 2's tile
+    scans absorb one by one into ~0.5, so the two round to float32 values one step apart, and
+    u = 1 - 2^-24 puts the target above every running sum of pass 2. The kernel then takes the
+    last token with mass. The reference's sequential sum agrees with itself and picks token 0:
+    contrived inputs part the two (accept_scan.cu's header)."""
     V = 4099
     p = torch.zeros(1, 2, V)
     p[0, 0, 3] = 1.0                                  # draft 3 accepted: the bonus row is sampled
