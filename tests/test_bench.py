@@ -225,6 +225,8 @@ def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
     outs = [ar_outs[0], ar_outs[1][:3] + [int(top2.indices[1])] + ar_outs[1][4:]]  # row 1 takes the runner-up at 3
     gaps = bench.first_difference_gaps(target, prompts, outs, ar_outs)
     assert gaps == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
+    # a distance, whichever row holds the larger logit (a verify pass can round a near-tie either way)
+    assert bench.first_difference_gaps(target, prompts, ar_outs, outs) == gaps
     assert bench.first_difference_gaps(target, prompts, [ar_outs[0], ar_outs[1][:2]], ar_outs) == [None]  # ends early
 
 
@@ -265,10 +267,11 @@ def test_run_sums_the_stats_of_its_batches(monkeypatch):
                                        accepted_per_position=[2, 1, 0], attempts_per_position=[2, 2, 0])),
             ([[6, 7, 8, 9]], dict(verify_passes=2, draft_s=0.25, verify_s=0.5, row_passes=[2],
                                   accepted_per_position=[1, 1, 0], attempts_per_position=[1, 1, 0]))]
-    monkeypatch.setattr(bench, "generate", lambda *a, **k: fake.pop(0))
-    args = argparse.Namespace(continuous=False, max_new_tokens=4, top_k=None, seed=0)
+    seeds = []  # each batch its own seed, --seed + its first prompt's index: the same for every method
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: seeds.append(k["seed"]) or fake.pop(0))
+    args = argparse.Namespace(continuous=False, max_new_tokens=4, top_k=None, seed=5)
     outs, st = bench.run(tiny_model(), None, [[1], [2], [3]], 3, 0.0, args, 2)
-    assert outs == [[1, 2, 3], [4, 5], [6, 7, 8, 9]] and not fake
+    assert outs == [[1, 2, 3], [4, 5], [6, 7, 8, 9]] and not fake and seeds == [5, 7]
     assert (st["new_tokens"], st["row_passes"], st["draft_row_passes"], st["verify_passes"]) == (9, 6, 3, 5)
     assert st["tau"] == 1.5 and st["tau_se"] == pytest.approx(bench.ratio_se([(3, 2), (2, 2), (4, 2)]))
     assert (st["draft_s"], st["verify_s"]) == (0.75, 1.5) and st["alpha"] == [1.0, pytest.approx(2 / 3)]
@@ -284,7 +287,7 @@ def test_tau_standard_error():
 
 def test_card_warns_when_the_target_loops(capsys):
     args = bench.get_parser().parse_args(["--preset", "tiny"])
-    for r, warn in ((0.5, True), (0.05, False)):
+    for r, warn in ((0.5, True), (0.16, True), (0.15, False), (0.05, False)):  # above REPEAT_WARN = 15 %
         bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {}, "src", 2, {0.0: r})
         assert ("WARNING" in capsys.readouterr().out) == warn, r
 
@@ -391,3 +394,28 @@ def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
         bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar", "--prompts", str(tmp_path / "p.txt"),
                     "--max-new-tokens", str(256 - n)])
     assert "prompt 1 of" in capsys.readouterr().err
+    # one token fewer fits exactly: ar drafts nothing (K = 0), so it needs no headroom beyond its 1
+    rows = bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar", "--temperatures", "0", "--prompts",
+                       str(tmp_path / "p.txt"), "--max-new-tokens", str(255 - n)])
+    assert rows[0]["K"] == 0 and rows[0]["new_tokens"] == 255 - n
+
+
+def test_top_k_with_a_sampling_temperature_among_greedy_ones_is_accepted():
+    """--top-k is refused only when every temperature decodes greedily: with 0,1 it shapes the T = 1 rows."""
+    temps, _, methods, _ = bench.check_args(bench.get_parser().parse_args(["--top-k", "5", "--temperatures", "0,1"]))
+    assert temps == [0.0, 1.0] and methods[0] == "ar"
+
+
+def test_table_content_a_tie_one_draft_position_and_a_sampled_sweep(capsys):
+    """A gap of exactly 0 is a tie, not "(ends early)"; a row with one draft position (mtp of
+    depth 1, --K 1) still gets its acceptance line; a sweep at T > 0 marks no row with "*" (its
+    lossless is None: sampled rows differ from ar's by design)."""
+    row = dict(method="mtp", temperature=0.0, K=1, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
+               predicted_speedup=1.3, lossless=False, mismatches=2, drafter_params=0, acceptance_per_position=[0.5],
+               first_difference_gaps=[0.0, None])
+    sweep = [dict(method="mtp", batch_size=2, tokens_per_s=10.0, speedup=1.2, lossless=None)]
+    bench.print_table([row], sweep, [2], 1.0, 2)
+    out = capsys.readouterr().out
+    assert "are 0, (ends early) apart" in out and "NO (2/2 differ)" in out
+    assert "alpha_1 0.50 ... alpha_1 0.50" in out
+    assert "batch   2: mtp 10 tok/s 1.20x\n" in out and "*" not in out.split("batch sweep")[1]

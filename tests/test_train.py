@@ -289,3 +289,24 @@ def test_decay_only_on_matrices_and_the_clip_covers_the_mtp_heads(tmp_path, monk
     assert len(clipped) == 2 and all(m == 0.7 for _, m in clipped)
     clip_ids = {id(p) for p in clipped[0][0]}
     assert {id(p) for p in trained} <= clip_ids and clip_ids == decayed | kept  # every trained parameter
+
+
+def test_check_run_flags_names_every_flag_that_differs():
+    """The first flag of the list counts as much as the last: each that differs is named."""
+    saved, flags = {"preset": "tiny", "seed": 0, "lr": 1e-3}, ("preset", "seed", "lr")
+    train.check_run_flags("r.pt", saved, argparse.Namespace(**saved), flags)  # the same run
+    with pytest.raises(ValueError, match=r"--preset tiny \(given cpu\), --lr 0.001 \(given 0.01\)$"):
+        train.check_run_flags("r.pt", saved, argparse.Namespace(preset="cpu", seed=0, lr=1e-2), flags)
+
+
+def test_claim_run_file_owns_the_file_it_resumed_from_and_only_that(tmp_path, capsys):
+    """A run resumed from <out>.run.pt owns it (removes it when done) even with --save-every 0,
+    however the path is spelled, and says nothing of replacing it; a run resumed from another
+    file that saves nothing leaves it alone; a fresh run that saves says it replaces it."""
+    run_file = str(tmp_path / "t.run.pt")
+    open(run_file, "wb").close()
+    claim = lambda resume, save_every: train.claim_run_file(run_file, argparse.Namespace(resume=resume, save_every=save_every))
+    assert claim(run_file, 0) and claim(os.path.relpath(run_file), 0)
+    assert not claim(str(tmp_path / "t.pt"), 0)  # extending a finished checkpoint
+    assert claim(run_file, 500) and capsys.readouterr().out == ""
+    assert claim(None, 500) and "which this new run replaces" in capsys.readouterr().out

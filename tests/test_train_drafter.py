@@ -9,7 +9,7 @@ import torch
 import data
 import speculate
 import train_drafter
-from model import PRESETS, Config, load_target
+from model import PRESETS, Config, load_target, save_checkpoint
 from test_model import save_tiny  # a random tiny target in train.py's checkpoint format
 
 ARGS = ["--n-seqs", "8", "--n-val-seqs", "4", "--prompt-len", "16", "--gen-len", "24", "--max-steps", "3",
@@ -363,3 +363,38 @@ def test_distillation_data_is_rebuilt_for_other_counts_or_lengths(fake_distill, 
         train, _ = train_drafter.get_distill_data(None, argparse.Namespace(**a), "abc")
         assert train.shape == (a["n_seqs"], a["prompt_len"] + a["gen_len"]), change
     assert capsys.readouterr().out.count("distill: reusing") == 1
+
+
+@pytest.mark.parametrize("flag, value", [("n_seqs", 9), ("n_val_seqs", 9), ("prompt_len", 9), ("gen_len", 9),
+                                         ("distill_temperatures", "0"), ("seed", 9), ("batch_size", 9), ("lr", 0.1),
+                                         ("continuation_only", True), ("dflash_layers", 9), ("dflash_features", 3),
+                                         ("block_size", 9), ("loss_decay", 9.0), ("anchors", 9)])
+def test_resume_refuses_each_flag_that_shapes_a_dflash_run(tmp_path, flag, value):
+    """Every data, optimisation and model flag of the run is compared (written out here, not
+    read from RUN_FLAGS, so that a flag dropped there is caught); --minutes and --max-steps may change."""
+    args = train_drafter.apply_recipe(train_drafter.get_parser().parse_args(["--method", "dflash"]))
+    args.dflash_features = 5  # as main sets it before the comparison
+    path = str(tmp_path / "dflash.run.pt")
+    save_checkpoint(path, dict(kind="dflash", config={}, state_dict={}, optimizer={}, target_hash="h", args=dict(vars(args))))
+    args.minutes, args.max_steps = 99.0, 7
+    train_drafter.load_run(path, args, "h")
+    setattr(args, flag, value)
+    with pytest.raises(ValueError, match="--" + flag.replace("_", "-")):
+        train_drafter.load_run(path, args, "h")
+
+
+def test_dflash_features_default_and_range():
+    """5 target layers by default, every layer of a shallower target; 0 and more than the target has are refused."""
+    n = lambda given, n_layer: train_drafter.dflash_features(argparse.Namespace(dflash_features=given), n_layer)
+    assert (n(None, 6), n(None, 3), n(1, 6), n(6, 6)) == (5, 3, 1, 6)
+    for bad in (0, 7):
+        with pytest.raises(ValueError, match=r"1\.\.6"):
+            n(bad, 6)
+
+
+def test_the_longest_block_a_sequence_labels_is_accepted():
+    """The upper bound is inclusive: 16 + 24 tokens label a block of 39 from anchor 1, and of 25
+    from the prompt's last token with --continuation-only (one more is refused above)."""
+    a = argparse.Namespace(prompt_len=16, gen_len=24, continuation_only=False, block_size=39, loss_decay=None)
+    train_drafter.check_block_args(a)
+    train_drafter.check_block_args(argparse.Namespace(**{**vars(a), "continuation_only": True, "block_size": 25}))

@@ -26,7 +26,7 @@ import train
 import weights
 from draft_diffusion import DFlash
 from data import MASK, WEIGHTS_DIR, get_encoding, reference_prompts
-from model import load_target, save_checkpoint, weights_hash
+from model import Config, load_checkpoint, load_target, save_checkpoint, weights_hash
 from test_model import save_tiny
 
 # -----------------------------------------------------------------------------
@@ -168,6 +168,55 @@ def test_a_draft_model_in_out_is_reused_and_nothing_is_prepared(tmp_path, monkey
     save_tiny(tmp_path / "out" / "tiny" / "draft.pt", seed=1, n_layer=1)
     _, _, found, _ = weights.find_or_train(args_for(tmp_path), ["ar", "draft"], torch.device("cpu"), torch.float32)
     assert found == {"draft": str(tmp_path / "out" / "tiny")}
+
+
+def test_retrain_ignores_the_committed_target(tmp_path, monkeypatch):
+    """--retrain: out/<preset> is looked in and trained into, as if no weights/<preset> were committed."""
+    committed(tmp_path, monkeypatch)
+    out = tmp_path / "out" / "tiny"
+    target, path, found, train_dir = weights.find(args_for(tmp_path, retrain=True), ["eagle"], torch.device("cpu"),
+                                                  torch.float32)
+    assert target is None and path == str(out / "target.pt") and train_dir == str(out) and found == {"eagle": None}
+
+
+def test_native_mtp_heads_in_the_target_need_no_mtp_checkpoint(tmp_path, monkeypatch):
+    """A target trained with --mtp-depth carries its MTP heads: mtp is found beside it, and
+    nothing is trained (committed() fails the test if the plan prepares data)."""
+    from mtp import MTP
+    ref, _ = committed(tmp_path, monkeypatch)
+    ck = load_checkpoint(str(ref / "target.pt"))
+    ck["mtp_state_dict"], ck["args"] = MTP(Config(**ck["config"]), 1).state_dict(), {"preset": "tiny", "mtp_depth": 1}
+    save_checkpoint(str(ref / "target.pt"), ck)
+    _, _, found, skipped = weights.find_or_train(args_for(tmp_path), ["ar", "mtp"], torch.device("cpu"), torch.float32)
+    assert found == {"mtp": str(ref)} and not skipped
+
+
+def test_a_missing_draft_model_is_trained_at_the_draft_preset_then_used(tmp_path, monkeypatch):
+    """bench --preset cpu trains the `draft` method's model as cpu-draft (not a second model of
+    the target's size) into out/cpu/weights, and runs it: found names that folder."""
+    save_tiny(tmp_path / "weights" / "cpu" / "target.pt", seed=0)
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setattr(data, "DATA_OUT", str(tmp_path / "nodata"))
+    monkeypatch.setattr(data, "prepare", lambda: None)
+    presets = []
+    monkeypatch.setattr(train, "main", lambda a: presets.append(a.preset) or save_tiny(a.out_path, seed=1, n_layer=1))
+    args = argparse.Namespace(**{**vars(args_for(tmp_path)), "preset": "cpu"})
+    _, _, found, skipped = weights.find_or_train(args, ["ar", "draft"], torch.device("cpu"), torch.float32)
+    assert presets == ["cpu-draft"] and found == {"draft": str(tmp_path / "out" / "cpu" / "weights")} and not skipped
+
+
+def test_the_plan_counts_the_shared_distillation_data_once(tmp_path, monkeypatch, capsys):
+    """The first drafter of the plan builds the distillation data the others reuse: its minutes
+    include it, the others' do not."""
+    import train_drafter
+    committed(tmp_path, monkeypatch)
+    monkeypatch.setattr(data, "prepare", lambda: None)
+    monkeypatch.setattr(train_drafter, "main", lambda a: None)
+    weights.find_or_train(args_for(tmp_path), ["ar", "eagle", "dflash"], torch.device("cpu"), torch.float32)
+    out, M = capsys.readouterr().out, weights.MINUTES
+    eagle, dflash = M["eagle"] + M["distill"], M["dflash"]
+    assert f"data (~{M['data']:g} min), eagle (~{eagle:g} min), dflash (~{dflash:g} min)" in out
+    assert f"~{M['data'] + eagle + dflash:g} min in all" in out
 
 
 # -----------------------------------------------------------------------------
