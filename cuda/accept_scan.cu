@@ -14,8 +14,9 @@
 //           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
 //           r has no mass or slot n is empty): the first j with cdf_j > u_K * cdf_{V-1}
 //           (torch.searchsorted right=True; such a j always has r_j > 0, which the kernel also
-//           requires, and where rounding leaves no such j it takes the last j with r_j > 0).
-//           An empty slot is rejected.
+//           requires, and where rounding leaves no such j it takes the last j with r_j > 0; the
+//           reference, whose sums agree with themselves, may pick another there). An empty slot
+//           is rejected.
 //           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
 //
 // NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds

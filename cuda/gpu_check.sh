@@ -49,6 +49,9 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the te
   local rc=${PIPESTATUS[0]}
   echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
   [ "$rc" -eq 0 ] || failed=1
+  # a step cut off by its limit mid-build leaves torch's build lock behind, and each later step
+  # would wait on it (cuda._wait_for_stale_lock, up to STALE_LOCK_S); no build runs between steps
+  rm -f out/cuda_build/*/lock
 }
 
 # the GPU, the versions, and where the build will find the CUDA runtime (cuda.cudart_flags)
@@ -61,9 +64,6 @@ $PY -c 'from torch.utils import cpp_extension as c; import cuda
 print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_flags(c.CUDA_HOME))'"
 step env 20 bash -c "$ENV_REPORT"
 step selfcheck 110 $PY -m cuda
-# a selfcheck cut off by its limit mid-build leaves torch's build lock behind, and each later
-# step would wait on it (cuda._wait_for_stale_lock, up to STALE_LOCK_S); no build runs between steps
-rm -f out/cuda_build/*/lock
 # -v: a step cut off by its limit still shows which test ran last. Left out: the CPU emulation
 # (CI's stand-in for this GPU) and the compile-only nvcc test (selfcheck's build just did that)
 step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc"

@@ -568,12 +568,15 @@ def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu):
     u = 1 - 2^-24 puts the target above every running sum of pass 2. The kernel then takes the
     last token with mass. The reference's sequential sum agrees with itself and picks token 0:
     contrived inputs part the two (accept_scan.cu's header)."""
+    threads = int(re.search(r"kThreads = (\d+);", (cuda.HERE / "accept_scan.cu").read_text()).group(1))
+    assert threads == 512, "this row is built for 512-thread blocks (512 x 2^-63 is half an ulp of 0.5)"
     V = 4099
     p = torch.zeros(1, 2, V)
     p[0, 0, 3] = 1.0                                  # draft 3 accepted: the bonus row is sampled
     p[0, 1, 0], p[0, 1, 1], p[0, 1, 2:2050] = 0.5, 2.0 ** -25, 2.0 ** -63  # tokens 2050.. have none
     drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
-    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [2049]]
+    n, nxt = emu.accept_scan(p, drafts, None, u, 1)
+    assert p[0, 1, nxt] > 0 and (n.tolist(), nxt.tolist()) == ([1], [2049])
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [0]]
 
 
@@ -583,6 +586,7 @@ def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
     n = cuda.accept_scan_ref(p, drafts, q, u)[0]
     for b in range(3):  # a NaN in each row's emitted distribution, at a token no draft of the row is
         p[b, n[b], next(j for j in range(97) if j not in drafts[b])] = float("nan")
+        p[b, n[b], 96] = 0.0  # V - 1 without mass: the no-crossing fallback must not take a NaN target
     n_ref, nxt_ref = cuda.accept_scan_ref(p, drafts, q, u)
     assert torch.equal(n_ref, n) and nxt_ref.tolist() == [96] * 3
     assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, q, u, 1), (n_ref, nxt_ref)))
