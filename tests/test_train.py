@@ -180,9 +180,13 @@ def test_ctrl_c_names_the_run_file_to_resume(tmp_path, cmd, started, run_file):
     save_tiny(tmp_path / "t.pt")
     argv = [a.replace("OUT", str(tmp_path)) for a in cmd]
     log = tmp_path / "log"
+    # a suite started by a script's `cmd &` inherits SIGINT ignored, and so would the child (its
+    # Ctrl-C then does nothing); a handler here is reset to the default in the child by exec
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     with open(log, "w") as f:  # a file, not a pipe: nothing blocks on a full pipe, and the wait has a deadline
         p = subprocess.Popen([sys.executable, os.path.join(ROOT, argv[0]), *argv[1:], "--minutes", "5", "--threads", "1"],
                              cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    signal.signal(signal.SIGINT, before)
     try:
         deadline = time.time() + 120
         while not any(l.startswith(started) for l in log.read_text().splitlines()):  # the run is under way
