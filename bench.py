@@ -476,12 +476,13 @@ def main(argv=None):
                 check_writable(path)
         except ValueError as e:
             die(f"{flag} {e}")
+    follows = "gpu" if device.type == "cuda" else "cpu"  # the preset when --preset is not given
     if args.weights:  # --preset only says where to find or train a target; the card names this one's
         preset = "of the target given" + (f" (--preset {args.preset} unused with --weights)" if args.preset else "")
     else:
-        preset = args.preset or ("gpu" if device.type == "cuda" else "cpu") + " (follows the device)"
+        preset = args.preset or follows + " (follows the device)"
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), preset {preset}, dtype {args.dtype}")
-    args.preset = args.preset or ("gpu" if device.type == "cuda" else "cpu")
+    args.preset = args.preset or follows
 
     enc = data.get_encoding()
     target, target_path, drafters, Ks = load_methods(args, methods, named, device, dtype)
