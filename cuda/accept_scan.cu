@@ -2,7 +2,7 @@
 // 2023, arXiv 2211.17192; p = target, q = draft) in one launch instead of several
 // vocabulary-sized PyTorch passes. Same semantics as speculate.accept_scan_ref.
 //
-// shapes: p        (B, K+1, V)  greedy: raw logits (any float dtype); sampling: warped probs
+// shapes: p        (B, K+1, V)  greedy: raw logits (float64/32/16, bfloat16); sampling: warped probs
 //         drafts   (B, K) int64 d_1..d_K; negative = an empty slot (speculate.NO_DRAFT)
 //         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
 //         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
@@ -59,6 +59,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 constexpr int kThreads = 512;  // per block; must be a multiple of 32
 constexpr int kWarps = kThreads / 32;
@@ -68,25 +69,28 @@ constexpr int kWarps = kThreads / 32;
 
 // torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. A total
 // order, so any reduction tree gives the same answer as torch's.
-__device__ __forceinline__ bool better(float a, int64_t ia, float b, int64_t ib) {
+template <typename acc_t>
+__device__ __forceinline__ bool better(acc_t a, int64_t ia, acc_t b, int64_t ib) {
   const bool na = isnan(a), nb = isnan(b);
   if (na || nb) return na && (!nb || ia < ib);
   return a > b || (a == b && ia < ib);
 }
 
-// argmax over x[0..V) by the whole block; every thread gets the answer
+// argmax over x[0..V) by the whole block; every thread gets the answer. Compared in float32
+// (exact for half and bfloat16), in double for double: float32 would tie distinct values.
 template <typename scalar_t>
 __device__ int64_t block_argmax(const scalar_t* __restrict__ x, int64_t V) {
-  __shared__ float s_val[kWarps];
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  __shared__ acc_t s_val[kWarps];
   __shared__ int64_t s_idx[kWarps];
-  float bv = -INFINITY;
+  acc_t bv = -INFINITY;
   int64_t bi = INT64_MAX;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {  // coalesced, j increasing per thread
-    const float v = static_cast<float>(x[j]);
+    const acc_t v = static_cast<acc_t>(x[j]);
     if (better(v, j, bv, bi)) bv = v, bi = j;
   }
   for (int off = 16; off > 0; off /= 2) {  // warp tree
-    const float ov = __shfl_down_sync(0xffffffff, bv, off);
+    const acc_t ov = __shfl_down_sync(0xffffffff, bv, off);
     const int64_t oi = __shfl_down_sync(0xffffffff, bi, off);
     if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
   }
@@ -97,7 +101,7 @@ __device__ int64_t block_argmax(const scalar_t* __restrict__ x, int64_t V) {
     bv = lane < kWarps ? s_val[lane] : -INFINITY;
     bi = lane < kWarps ? s_idx[lane] : INT64_MAX;
     for (int off = 16; off > 0; off /= 2) {
-      const float ov = __shfl_down_sync(0xffffffff, bv, off);
+      const acc_t ov = __shfl_down_sync(0xffffffff, bv, off);
       const int64_t oi = __shfl_down_sync(0xffffffff, bi, off);
       if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
@@ -278,6 +282,7 @@ void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* dra
     return;
   }
   switch (p_dtype) {
+    case c10::ScalarType::Double: return launch_greedy<double>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
     case c10::ScalarType::Float: return launch_greedy<float>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
     case c10::ScalarType::Half: return launch_greedy<c10::Half>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
     case c10::ScalarType::BFloat16:

@@ -134,8 +134,9 @@ void kv_inject(at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& new_k,
 // -----------------------------------------------------------------------------
 // accept_scan
 
-// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index
-static inline bool better(float a, int64_t ia, float b, int64_t ib) {
+// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. In
+// double, which holds every logit dtype exactly (float32 would tie distinct float64 values).
+static inline bool better(double a, int64_t ia, double b, int64_t ib) {
   const bool na = std::isnan(a), nb = std::isnan(b);
   if (na || nb) return na && (!nb || ia < ib);
   return a > b || (a == b && ia < ib);
@@ -143,10 +144,10 @@ static inline bool better(float a, int64_t ia, float b, int64_t ib) {
 
 template <typename scalar_t>
 static int64_t argmax_host(const scalar_t* x, int64_t V) {
-  float bv = -std::numeric_limits<float>::infinity();
+  double bv = -std::numeric_limits<double>::infinity();
   int64_t bi = std::numeric_limits<int64_t>::max();
   for (int64_t j = 0; j < V; j++) {
-    const float v = static_cast<float>(x[j]);
+    const double v = static_cast<double>(x[j]);
     if (better(v, j, bv, bi)) bv = v, bi = j;
   }
   return bi;

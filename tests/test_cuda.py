@@ -207,6 +207,20 @@ def test_accept_scan_host_greedy_low_precision_and_nan(ext, dtype):
                                                  cuda.accept_scan_ref(p, drafts)))
 
 
+@pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
+def test_accept_scan_greedy_compares_float64_in_float64(built, version):
+    """Catches float64 logits compared in float32: 1 - 2^-40 and 1 round to one float32, and
+    that tie would go to the lower index (token 40, in another warp than 600)."""
+    p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=torch.float64, seed=6)
+    assert all(torch.equal(a, b) for a, b in zip(built.accept_scan(p, drafts, None, None, version),
+                                                 cuda.accept_scan_ref(p, drafts)))
+    p = torch.zeros(1, 2, 4099, dtype=torch.float64)
+    p[0, 0, 7], p[0, 1, 40], p[0, 1, 600] = 1.0, 1 - 2.0 ** -40, 1.0  # draft 7 accepted, bonus 600
+    drafts = torch.tensor([[7]])
+    assert [t.tolist() for t in built.accept_scan(p, drafts, None, None, version)] == [[1], [600]]
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts)] == [[1], [600]]
+
+
 # -----------------------------------------------------------------------------
 # switching paths
 
@@ -561,23 +575,30 @@ def test_accept_scan_emulated_kernel_samples_right_of_a_cdf_tie(emu):
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[0], [2]]
 
 
-def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu):
+@pytest.mark.parametrize("schedule", ["in_order", "eager"])
+@pytest.mark.parametrize("start", [0, 1])
+def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu, start, schedule, monkeypatch):
     """Catches the fallback to V - 1 (here a zero-mass token) when no running sum crosses the
     target. Pass 1's total (per thread, then a tree) keeps the 2^-63 masses that pass 2's tile
     scans absorb one by one into ~0.5, so the two round to float32 values one step apart, and
     u = 1 - 2^-24 puts the target above every running sum of pass 2. The kernel then takes the
-    last token with mass. The reference's sequential sum agrees with itself and picks token 0:
-    contrived inputs part the two (accept_scan.cu's header)."""
+    last token with mass. The reference's sequential sum agrees with itself and picks the 0.5:
+    contrived inputs part the two (accept_scan.cu's header). With start = 1 thread 0 holds no
+    mass (tokens 0, 512, ... are zero), which catches a fallback barrier only threads with mass
+    reach: thread 0 would then write the token before the others have named theirs."""
+    monkeypatch.setenv("DFLASH_EMU_SCHEDULE", schedule)
     threads = int(re.search(r"kThreads = (\d+);", (cuda.HERE / "accept_scan.cu").read_text()).group(1))
     assert threads == 512, "this row is built for 512-thread blocks (512 x 2^-63 is half an ulp of 0.5)"
-    V = 4099
+    V, s = 4099, start
     p = torch.zeros(1, 2, V)
     p[0, 0, 3] = 1.0                                  # draft 3 accepted: the bonus row is sampled
-    p[0, 1, 0], p[0, 1, 1], p[0, 1, 2:2050] = 0.5, 2.0 ** -25, 2.0 ** -63  # tokens 2050.. have none
+    p[0, 1, s], p[0, 1, s + 1], p[0, 1, s + 2:s + 2050] = 0.5, 2.0 ** -25, 2.0 ** -63  # none after
+    if start == 1:
+        p[0, 1, ::threads] = 0.0                      # thread 0's tokens (0, 512, ...) have none
     drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
     n, nxt = emu.accept_scan(p, drafts, None, u, 1)
-    assert p[0, 1, nxt] > 0 and (n.tolist(), nxt.tolist()) == ([1], [2049])
-    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [0]]
+    assert p[0, 1, nxt] > 0 and (n.tolist(), nxt.tolist()) == ([1], [s + 2049])
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [s]]
 
 
 def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
@@ -804,9 +825,9 @@ def test_accept_scan_cuda(ext, shape, mode, version):
     c = lambda t: None if t is None else t.cuda()
     n, nxt = ext.accept_scan(c(p), c(drafts), c(q), c(u), version)
     assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
-    if mode == "greedy":  # low-precision logits too
-        n, nxt = ext.accept_scan(p.cuda().bfloat16(), drafts.cuda(), None, None, version)
-        n_ref, nxt_ref = cuda.accept_scan_ref(p.bfloat16(), drafts)
+    for dtype in (torch.bfloat16, torch.float64) if mode == "greedy" else ():  # other logit dtypes
+        n, nxt = ext.accept_scan(p.cuda().to(dtype), drafts.cuda(), None, None, version)
+        n_ref, nxt_ref = cuda.accept_scan_ref(p.to(dtype), drafts)
         assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
 
 
