@@ -207,16 +207,22 @@ def test_accept_scan_host_greedy_low_precision_and_nan(ext, dtype):
                                                  cuda.accept_scan_ref(p, drafts)))
 
 
+def float64_near_tie():
+    """Draft 7 accepted, then a bonus row whose maximum 1.0 (token 600) and 1 - 2^-40 (token 40,
+    another warp) round to one float32: compared in float32 the tie goes to token 40."""
+    p = torch.zeros(1, 2, 4099, dtype=torch.float64)
+    p[0, 0, 7], p[0, 1, 40], p[0, 1, 600] = 1.0, 1 - 2.0 ** -40, 1.0
+    return p, torch.tensor([[7]])
+
+
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 def test_accept_scan_greedy_compares_float64_in_float64(built, version):
-    """Catches float64 logits compared in float32: 1 - 2^-40 and 1 round to one float32, and
-    that tie would go to the lower index (token 40, in another warp than 600)."""
+    """Catches float64 logits compared in float32 (float64_near_tie); the random case's
+    whole-number logits are exact in float32 and only check the float64 path's indexing."""
     p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=torch.float64, seed=6)
     assert all(torch.equal(a, b) for a, b in zip(built.accept_scan(p, drafts, None, None, version),
                                                  cuda.accept_scan_ref(p, drafts)))
-    p = torch.zeros(1, 2, 4099, dtype=torch.float64)
-    p[0, 0, 7], p[0, 1, 40], p[0, 1, 600] = 1.0, 1 - 2.0 ** -40, 1.0  # draft 7 accepted, bonus 600
-    drafts = torch.tensor([[7]])
+    p, drafts = float64_near_tie()
     assert [t.tolist() for t in built.accept_scan(p, drafts, None, None, version)] == [[1], [600]]
     assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts)] == [[1], [600]]
 
@@ -585,7 +591,8 @@ def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu, sta
     last token with mass. The reference's sequential sum agrees with itself and picks the 0.5:
     contrived inputs part the two (accept_scan.cu's header). With start = 1 thread 0 holds no
     mass (tokens 0, 512, ... are zero), which catches a fallback barrier only threads with mass
-    reach: thread 0 would then write the token before the others have named theirs."""
+    reach: thread 0 would then write the token before the others have named theirs (the
+    in-order schedule shows it; eager runs thread 0 last)."""
     monkeypatch.setenv("DFLASH_EMU_SCHEDULE", schedule)
     threads = int(re.search(r"kThreads = (\d+);", (cuda.HERE / "accept_scan.cu").read_text()).group(1))
     assert threads == 512, "this row is built for 512-thread blocks (512 x 2^-63 is half an ulp of 0.5)"
@@ -829,6 +836,9 @@ def test_accept_scan_cuda(ext, shape, mode, version):
         n, nxt = ext.accept_scan(p.cuda().to(dtype), drafts.cuda(), None, None, version)
         n_ref, nxt_ref = cuda.accept_scan_ref(p.to(dtype), drafts)
         assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
+    if mode == "greedy":  # whole-number logits above are exact in float32: this row is not
+        p, drafts = float64_near_tie()
+        assert [t.tolist() for t in ext.accept_scan(p.cuda(), drafts.cuda(), None, None, version)] == [[1], [600]]
 
 
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
