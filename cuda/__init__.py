@@ -54,6 +54,7 @@ HERE = Path(__file__).resolve().parent
 BUILD_ROOT = HERE.parent / "out" / "cuda_build"  # out/ is git-ignored
 CU_SOURCES = [HERE / "kv_inject.cu", HERE / "accept_scan.cu"]
 VERSIONS = {"kv_inject": (1,), "accept_scan": (1, 2)}  # kernel versions; see the .cu headers
+KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the caches kv_inject's kernel takes
 DEFAULT_VERSION = 1  # accept_scan's promoted kernel (kernel2 is a candidate, unmeasured)
 STALE_LOCK_S = 600   # a build lock older than this is left over from a killed build
 
@@ -275,11 +276,13 @@ def _pick(device, op):
 # the public ops
 
 def kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
-    """Fused kv_inject (header of kv_inject.cu) when available, else kv_inject_ref. In place."""
+    """Fused kv_inject (header of kv_inject.cu) when available, else kv_inject_ref. In place.
+    A cache of a dtype the kernel lacks (float64: its RoPE is float32 math) takes the reference."""
     ext = _pick(cache_k.device, "kv_inject")
-    if ext is None:
+    if ext is None or cache_k.dtype not in KV_DTYPES:
         return kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
-    ext.kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
+    c = torch.Tensor.contiguous  # the reference takes any strides; the caches are written in place
+    ext.kv_inject(cache_k, cache_v, c(new_k), c(new_v), c(offsets), c(counts), c(cos), c(sin))
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):

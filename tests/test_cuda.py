@@ -277,6 +277,21 @@ def test_env_host_uses_extension(ext, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
 
 
+def test_env_host_kv_inject_takes_what_the_reference_takes(ext, monkeypatch):
+    """Through the wrapper: non-contiguous new K/V reach the extension made contiguous, and a
+    float64 cache (no kernel: the extension refuses it) takes the reference."""
+    monkeypatch.setenv(cuda.ENV, "host")
+    for dtype in (torch.float32, torch.float64):
+        args = list(make_kv_case(2, 3, 2, 16, 20, 4, dtype=dtype, seed=7))
+        args[2] = args[2].transpose(0, 1).contiguous().transpose(0, 1)  # new_k (L, B, ...) with B outermost
+        ref_k, ref_v = args[0].clone(), args[1].clone()
+        cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+        cuda.kv_inject(*args)
+        assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    with pytest.raises(RuntimeError, match="dtype"):  # what the wrapper steers the float64 cache around
+        ext.kv_inject(*make_kv_case(2, 3, 2, 16, 20, 4, dtype=torch.float64))
+
+
 def test_each_path_is_announced_once_per_op(monkeypatch, capsys):
     monkeypatch.setattr(cuda, "_announced", set())
     monkeypatch.setenv(cuda.ENV, "0")
