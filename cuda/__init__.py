@@ -27,7 +27,7 @@ The first use of each path prints one line saying which path is active and why.
     python -m cuda            # build, validate every op and kernel version, time them
     python -m cuda --emu      # the same validation of the CUDA kernels' code on a CPU (load_emu)
 
-Size: about 1,450 lines (the .cu, .cpp, emu.h, this module and __main__.py) against DESIGN's
+Size: about 1,500 lines (the .cu, .cpp, emu.h, this module and __main__.py) against DESIGN's
 ~400, because every op exists three times on purpose (kernel, bit-exact host loop for CI,
 reference), the self-check is llm.c-style, and emu.h (~250 lines) lets machines without a GPU
 run the kernels' own code: no session of this project has had a GPU so far.
