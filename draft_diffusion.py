@@ -20,17 +20,18 @@ injected as keys and values through that layer's own projections:
 layers; c was RMS-normed once, by ctx_norm, and enters every layer as it is.)
 
 The context gets no queries, MLP or residual: it only supplies keys and values, so its
-per-layer K/V can be cached and extended by the newly committed positions after every verify
-(the KV-injection op, cuda.kv_inject, one launch for all layers). The drafter has no
-embedding or head of its own: it uses the target's, frozen (the <|mask|> row stays untrained).
+per-layer K/V can be cached and extended by the newly fed positions (the old pending token and
+the accepted drafts) after every verify (the KV-injection op, cuda.kv_inject, one launch for
+all layers). The drafter has no embedding or head of its own: it uses the target's, frozen
+(the <|mask|> row stays untrained).
 
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
 continuations, sample many anchors a per sequence (with --continuation-only from the prompt's
-last token on, where blocks are drafted); each anchor's block [x_a, mask...] sees the context
-strictly before a (c_0..c_{a-1}) plus its own block, never other blocks, all in one pass: each
-block is a row of its own with a key mask, which is the block-sparse pattern without a dense
-mask. Loss = cross-entropy at slots 1..S-1 against x_{a+k}, weighted by exp(-(k-1)/gamma)
-(early slots matter most: a rejection ends the block).
+last token on, so that every continuation token is a label); each anchor's block
+[x_a, mask...] sees the context strictly before a (c_0..c_{a-1}) plus its own block, never
+other blocks, all in one pass: each block is a row of its own with a key mask, which is the
+block-sparse pattern without a dense mask. Loss = cross-entropy at slots 1..S-1 against
+x_{a+k}, weighted by exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
@@ -157,8 +158,9 @@ class DFlash(nn.Module):
         """Weighted block loss and per-slot top-1 agreement counts. Anchors are sampled afresh
         on every call (self.n_anchors of them per sequence, so each epoch sees new ones) unless
         given as positions (B, A). Tokens before label_from (the corpus prompt) are context
-        only: anchors start at label_from - 1, the prompt's last token, which is where the
-        first block of a generation is anchored."""
+        only: anchors start at label_from - 1, the prompt's last token, so that every continuation
+        token, x_{label_from} included, is some block's label (at inference the first block is
+        anchored one later, at the first generated token, which prefill picks)."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         lo = max(1, label_from - 1)  # a in [lo, T-2]: at least one context position and one label
@@ -256,8 +258,9 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        # a block of K+1 slots, though training always fills 16: running all 16 and keeping K
-        # drafts accepts 2-5 % more but costs more than that on a CPU (docs/experiments.md)
+        # a block of K+1 slots, though training fills the whole block (16 here): running all of it
+        # and keeping K drafts accepts up to ~5 % more but costs more than that on a CPU
+        # (docs/experiments.md)
         S = min(K, self.max_K) + 1
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
         if temperature > 0 and self.sample:  # independent draws from each slot's own q

@@ -6,7 +6,7 @@ q and k per head) and SwiGLU MLP; final RMSNorm; untied LM head. `forward` can r
 hidden states of chosen layers (index 0 = embedding output, i = output of block i), which is
 what every feature-based drafter (MTP, EAGLE, DFlash) conditions on.
 
-The naive, cache-free `generate` at the bottom is the reference every fast path in this
+The naive, cache-free `generate` (last of the model code) is the reference every fast path in this
 repo is tested against: speculative decoding must reproduce it token for token (greedy).
 
     python model.py --prompt "def parse("          # the committed weights/cpu/target.pt

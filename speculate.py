@@ -44,8 +44,9 @@ propose returns (README: "Write a drafter of your own" is a short example).
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
 About 500 lines against DESIGN's ~350: the loop is ~160 of them (with continuous batching);
-the reference acceptance scan, the two drafters that need no training (ngram, a small draft
-model), the loader of every drafter and the CLI share the file.
+the reference acceptance scan, the two drafters that read no target features (ngram, which
+needs no training, and a small draft model, trained like any LM by train.py --preset
+cpu-draft), the loader of every drafter and the CLI share the file.
 """
 
 import argparse
@@ -106,8 +107,8 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
             q_n = q.float().gather(1, i[:, None, None].expand(B, 1, V))[:, 0]
         q_n = torch.where(((n_acc < K) & has.gather(1, i[:, None])[:, 0])[:, None], q_n, torch.zeros_like(q_n))
     r = (p_n - q_n).clamp(min=0)
-    # NOTE: rejection implies p_i(d_i) < q_i(d_i), so sum(r) > 0 in exact arithmetic; guard
-    # against rounding anyway by falling back to p itself.
+    # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
+    # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
     total = r.sum(-1, keepdim=True)
     r = torch.where(total > 0, r, p_n)
     # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
@@ -127,7 +128,7 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 
 
 # -----------------------------------------------------------------------------
-# drafters that need no training
+# drafters that read no target features (ngram needs no training at all)
 
 def ragged_positions(start, last):
     """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
