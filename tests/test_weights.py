@@ -114,6 +114,20 @@ def test_a_drafter_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatc
     assert argvs[4:] == [str(outw / "eagle.run.pt")] and not found and "after the end" in skipped[0][1]
 
 
+def test_a_cpu_plan_saves_runs_often_enough_to_resume_them(tmp_path, monkeypatch):
+    """The trainers' default --save-every (500) is past every cpu budget's step count, so a
+    killed step had nothing to resume: the plan passes CPU_SAVE_EVERY to each trainer."""
+    import train_drafter
+    monkeypatch.setattr(data, "WEIGHTS_DIR", str(tmp_path / "weights"))
+    monkeypatch.setattr(data, "prepare", lambda: None)
+    seen = []
+    monkeypatch.setattr(train, "main", lambda a: seen.append((a.preset, a.save_every)) or save_tiny(a.out_path))
+    monkeypatch.setattr(train_drafter, "main", lambda a: seen.append((a.method, a.save_every)))
+    weights.find_or_train(args_for(tmp_path), ["ar", "draft", "eagle"], torch.device("cpu"), torch.float32)
+    assert weights.CPU_SAVE_EVERY < 40  # the cpu target makes ~40-80 steps in its budget
+    assert seen == [("tiny", weights.CPU_SAVE_EVERY), ("tiny", weights.CPU_SAVE_EVERY), ("eagle", weights.CPU_SAVE_EVERY)]
+
+
 def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
     """--retrain trains the target with --resume when a killed run left target.run.pt, and from
     scratch when that file is not a run it can continue."""
