@@ -13,14 +13,14 @@ The tokenizer is a byte-level BPE with the GPT-4 (cl100k) split regex, trained h
 committed as `tokenizer.tiktoken` (standard format: base64 token, space, rank) so that every
 machine tokenizes identically; tiktoken does the encoding. Special tokens: <|endoftext|>
 (document separator) and <|mask|> (the DFlash mask, arXiv 2602.06036). The bins are flat
-np.uint16 token streams, nanoGPT style. Budget: ~370 lines instead of ~200, because the BPE
+np.uint16 token streams, nanoGPT style. Budget: ~400 lines instead of ~200, because the BPE
 trainer with incremental pair counts (~75 lines) and the prompts-file parser live here too.
 """
 import argparse, base64, functools, hashlib, heapq, importlib.util, json, os, random, sysconfig, time
 from collections import Counter, defaultdict
 
 import numpy as np
-import regex  # tiktoken depends on it; unlike `re` it knows \p{L} and possessive quantifiers
+import regex  # tiktoken depends on it; unlike `re` it knows \p{L} and \p{N}
 import tiktoken
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +171,7 @@ def bytes_per_token(enc, texts):
 # -----------------------------------------------------------------------------
 # token bins
 
-DATA_OUT = os.path.join(ROOT, "out")  # the token bins are a cache shared by every run, beside the repo
+DATA_OUT = os.path.join(ROOT, "out")  # the token bins: a cache every run shares, in the git-ignored out/
 _prepared = {}  # out_dir -> meta, once checked in this process (the check lists the whole corpus)
 
 
@@ -223,8 +223,9 @@ def _prepare(out_dir, rebuild):
         print(f"data: {split}: {len(docs):,} files, {n_bytes:,} bytes, {len(tokens):,} tokens "
               f"({n_bytes / len(tokens):.2f} bytes/token)    ")
     meta["build_seconds"] = round(time.time() - t0, 1)
-    with open(meta_path, "w") as f:
+    with open(meta_path + ".tmp", "w") as f:  # temp-then-rename, as the bins: never a torn meta.json
         json.dump(meta, f, indent=1)
+    os.replace(meta_path + ".tmp", meta_path)
     return meta
 
 def load_tokens(split, out_dir=DATA_OUT):

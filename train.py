@@ -16,7 +16,7 @@ never to the checkpoint itself, so a killed run cannot pass for a finished targe
 <out>.run.pt continues it. The finished checkpoint keeps its optimizer, so --resume can also
 extend it with a larger --max-steps.
 
-About 300 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
+About 340 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
 run (~40, whose flag check and run-file claim train_drafter.py shares) live here too.
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt

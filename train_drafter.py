@@ -29,9 +29,9 @@ or `dflash` (draft_diffusion.py).
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
-~345 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
-committed budget trains for 60-175 minutes (README, "How long to train?"): a killed one should
-not start over.
+~385 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
+committed budget trains for 60-175 minutes (README, "The reference weights"): a killed one
+should not start over.
 """
 
 import argparse
