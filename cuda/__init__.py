@@ -217,7 +217,8 @@ _emu = None  # the emulated build, once loaded
 def load_emu(verbose=False):
     """The extension with the CUDA kernels compiled by g++ and emulated on the CPU (header of
     cuda/emu.h): CPU tensors go through the kernels' own code. For the tests and `python -m
-    cuda --emu` on machines without a GPU; the engine never uses it. Raises if it cannot build.
+    cuda --emu` on machines without a GPU; the engine uses it only where DFLASH_CUDA_EXT=emu
+    forces it (tests). Raises if it cannot build.
     Each .cu is copied into the build folder with two textual edits (its c10/cuda includes
     dropped, launches rewritten to emu::Launch) and compiled with emu.h included first."""
     global _emu

@@ -39,7 +39,7 @@
 //            stop at the first mismatch (positions after it are never read). Sampling: thread 0
 //            runs the K ratio tests, then the block makes the residual's total, then scans the
 //            residual tile by tile and stops at the tile that crosses u * total. Default.
-//   kernel2  greedy only: one block per (position, row), so B = 1 still fills the GPU; every
+//   kernel2  greedy only: one block per (position, row), so B = 1 runs K + 1 blocks, not one; every
 //            block writes its argmax to a workspace, and the last block of a row (a ticket
 //            counter, threadfence pattern) does the scan. Reads all K+1 positions. Sampling
 //            has one kernel (only the emitted row is vocabulary-sized); version 2 runs kernel1.

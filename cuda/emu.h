@@ -1,6 +1,7 @@
 // emu.h: run the kernels of kv_inject.cu and accept_scan.cu on the CPU, so that their logic is
 // tested on machines without a GPU (CI; most sessions of this project). Used by cuda.load_emu,
-// `python -m cuda --emu` and tests/test_cuda.py; never by the engine itself.
+// `python -m cuda --emu` and tests/test_cuda.py; by the engine only where DFLASH_CUDA_EXT=emu
+// forces it (the tests).
 //
 // cuda.load_emu compiles each .cu with g++ as C++ after two textual edits: `#include
 // <c10/cuda/...>` lines are dropped (this file stands in for them) and every launch
@@ -19,20 +20,22 @@
 //     runs as on the GPU;
 //   - CUDA_KERNEL_ASSERT records the failure and the launch raises it afterwards, like a
 //     device-side assert (the kernel itself carries on, as its own guards expect).
-// A barrier that some threads never reach (a __syncthreads in divergent code, a shuffle that
-// part of a warp skips) hangs a GPU; here the launch stops at once with an error that says so,
-// as it does at a full-mask shuffle after some of the warp's lanes returned (undefined on a
-// GPU) and at a launch with no blocks (a GPU's launch error).
-// DFLASH_EMU_SCHEDULE=eager changes the order (see eager_schedule below): a warp runs on as soon
-// as its lanes meet, and threads and blocks run last to first. The tests run accept_scan's
-// kernels (the ones with barriers, shuffles and a ticket) under both orders.
+// A barrier in divergent code hangs a GPU or races; here the launch stops at once with an error
+// where live threads wait at two different barriers (some at __syncthreads, the rest at a
+// shuffle; or at two different __syncthreads lines), at a full-mask shuffle after some of the
+// warp's lanes returned (undefined on a GPU) and at a launch with no blocks (a GPU's launch
+// error). Not caught: a __syncthreads that the threads skipping it pass by to return (exited
+// threads do not count, as on the GPU); only a wrong result can show that one.
+// DFLASH_EMU_SCHEDULE=eager or eager_forward changes the order (see schedule below): a warp runs
+// on as soon as its lanes meet. The tests run accept_scan's kernels (the ones with barriers,
+// shuffles and a ticket) under all three orders.
 //
 // What it checks: index arithmetic, reductions and scans, barrier placement, early exits, the
 // grid-stride and ticket patterns, and the float results: __fmul_rn and friends round to
 // nearest like plain float arithmetic under -ffp-contract=off, and the scans add in the order
 // the GPU does, so the bits are the GPU's unless nvcc contracts an expression into an FMA (the
 // kernels leave none on a compared path). What it cannot: the memory model across concurrent
-// blocks, schedules other than its two orders, timing. Not reentrant (one launch at a time),
+// blocks, schedules other than its three orders, timing. Not reentrant (one launch at a time),
 // and slow: one fiber switch per thread per barrier. Fine for test shapes, meaningless for
 // timing.
 #pragma once
@@ -77,6 +80,7 @@ struct Fiber {
   ucontext_t ctx;
   std::vector<char> stack;
   State state;
+  int line;  // the source line of the __syncthreads it waits at
 };
 inline std::vector<Fiber> fibers;
 inline ucontext_t scheduler;
@@ -85,8 +89,8 @@ inline std::function<void()> block_body;     // the kernel call for the block th
 inline uint64_t shuffle_buffer[32][32];      // [warp][lane], one value of at most 8 bytes
 inline std::string assert_message;           // the first failed CUDA_KERNEL_ASSERT of the launch
 
-inline void wait(State s) {  // from a fiber: park at a barrier until the scheduler releases it
-  fibers[current].state = s;
+inline void wait(State s, int line = 0) {  // from a fiber: park at a barrier until released
+  fibers[current].state = s, fibers[current].line = line;
   swapcontext(&fibers[current].ctx, &scheduler);
 }
 
@@ -120,22 +124,31 @@ inline bool release_warp(int w) {
   return true;
 }
 
-// DFLASH_EMU_SCHEDULE=eager: threads are resumed last to first, a warp whose lanes have all
-// reached a shuffle runs on at once, up to the next __syncthreads, before the threads ahead of it
-// in that order have run at all, and blocks run last to first. The default (in order) runs every
-// thread, first to last, up to its next barrier, so one warp never overtakes another, and the
-// blocks run first to last. A kernel that is right under both does not rely on either order:
-// eager breaks a missing barrier before shared memory is reused (the last warp overwrites it
-// before warp 0 has read it), a missing barrier after thread 0 writes a shared value (the others
-// read it first), and a "last block" picked by index instead of by ticket.
-inline bool eager_schedule() {
+// DFLASH_EMU_SCHEDULE picks the order. in_order (the default) runs every thread, first to last,
+// up to its next barrier, so one warp never overtakes another, and the blocks first to last.
+// eager: a warp whose lanes have all reached a shuffle runs on at once, up to the next
+// __syncthreads, before the threads after it in the order have run at all; threads and blocks
+// run last to first. eager_forward: the same with threads and blocks first to last. A kernel
+// right under all three relies on none of these orders:
+//   - eager breaks a missing barrier after thread 0 writes a shared value (the others read it
+//     first), one before shared memory is reused where a later warp overwrites what warp 0 has
+//     yet to read (block_inclusive_scan's s_warp), and a "last block" picked by index instead of
+//     by ticket;
+//   - eager_forward breaks a missing barrier before shared memory is reused where warp 0
+//     overwrites what later warps have yet to read (block_argmax's s_idx[0]).
+enum Order { IN_ORDER, EAGER, EAGER_FORWARD };
+inline Order schedule() {
   const char* s = std::getenv("DFLASH_EMU_SCHEDULE");
-  return s && std::string(s) == "eager";
+  const std::string v = s ? s : "";
+  if (v.empty() || v == "in_order") return IN_ORDER;
+  if (v == "eager") return EAGER;
+  if (v == "eager_forward") return EAGER_FORWARD;
+  throw std::runtime_error("emu: unknown DFLASH_EMU_SCHEDULE=" + v + " (in_order, eager or eager_forward)");
 }
 
 // one block: resume the runnable fibers in turn; once none is, release a barrier that all its
 // live threads have reached; if there is none, the block can never finish
-inline void run_block(int n, bool eager) {
+inline void run_block(int n, Order order) {
   for (int t = 0; t < n; t++) {
     Fiber& f = fibers[t];
     getcontext(&f.ctx);
@@ -147,11 +160,11 @@ inline void run_block(int n, bool eager) {
   }
   for (;;) {
     for (int i = 0; i < n; i++) {
-      const int t = eager ? n - 1 - i : i;
+      const int t = order == EAGER ? n - 1 - i : i;
       if (fibers[t].state != RUNNING) continue;
       resume(t);
       const int w = t / 32;
-      while (eager && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
+      while (order != IN_ORDER && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
         for (int l = 32 * w; l < 32 * w + 32; l++)
           if (fibers[l].state == RUNNING) resume(l);
     }
@@ -165,6 +178,15 @@ inline void run_block(int n, bool eager) {
       throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
                                ") can never finish: " + std::to_string(at_sync) + " of " + std::to_string(live) +
                                " live threads wait at __syncthreads, the rest at a warp shuffle (divergent barrier)");
+    int line = -1;  // every live thread waits at a __syncthreads: at one and the same?
+    for (int t = 0; t < n; t++)
+      if (fibers[t].state == AT_SYNCTHREADS && line != fibers[t].line) {
+        if (line >= 0)
+          throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
+                                   "): threads wait at two different __syncthreads, lines " + std::to_string(line) +
+                                   " and " + std::to_string(fibers[t].line) + " (a barrier in divergent code)");
+        line = fibers[t].line;
+      }
     for (int t = 0; t < n; t++)
       if (fibers[t].state == AT_SYNCTHREADS) fibers[t].state = RUNNING;
   }
@@ -187,11 +209,11 @@ struct Launch {
     fibers.resize(n);
     for (Fiber& f : fibers) f.stack.resize(64 * 1024);
     block_body = [&] { kernel(args...); };
-    const bool last_first = eager_schedule();
+    const Order order = schedule();
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {
-        block_idx = last_first ? dim3(grid.x - 1 - x, grid.y - 1 - y) : dim3(x, y);
-        run_block(n, last_first);
+        block_idx = order == EAGER ? dim3(grid.x - 1 - x, grid.y - 1 - y) : dim3(x, y);
+        run_block(n, order);
       }
     if (!assert_message.empty()) throw std::runtime_error(assert_message);
   }
@@ -204,7 +226,8 @@ struct Launch {
 #define blockDim emu::block_dim
 #define gridDim emu::grid_dim
 
-inline void __syncthreads() { emu::wait(emu::AT_SYNCTHREADS); }
+// a macro, so that each barrier knows its line: threads at two different ones are an error
+#define __syncthreads() emu::wait(emu::AT_SYNCTHREADS, __LINE__)
 
 // value of `lane`'s v within the calling thread's warp (all 32 lanes take part)
 template <typename T>

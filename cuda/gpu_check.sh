@@ -65,8 +65,9 @@ print(\"CUDA_HOME\", c.CUDA_HOME, \"| link flags\", c.CUDA_HOME and cuda.cudart_
 step env 20 bash -c "$ENV_REPORT"
 step selfcheck 110 $PY -m cuda
 # -v: a step cut off by its limit still shows which test ran last. Left out: the CPU emulation
-# (CI's stand-in for this GPU) and the compile-only nvcc test (selfcheck's build just did that)
-step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc"
+# (CI's stand-in for this GPU; self_check_covers runs `python -m cuda --emu`) and the
+# compile-only nvcc test (selfcheck's build just did that)
+step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc and not self_check_covers"
 step sdpa 20 $PY -m cuda.sdpa_probe
 B="$PY bench.py --device cuda --preset cpu"
 step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram --json "$LOG/bench_fused.json"

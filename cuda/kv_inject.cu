@@ -24,7 +24,7 @@
 // host check would cost a sync per call): a row that would write outside the cache or the
 // RoPE tables, or whose count is outside [0, T_new], is skipped and trips a device-side
 // assert, as torch's own index kernels do. (The same checks as the host path's, on every row;
-// only with T_new = 0, when nothing is launched, does a bad offset pass unnoticed.)
+// only when nothing is launched, with T_new, L, H or D = 0, does a bad offset pass unnoticed.)
 //
 // Self-check (validates against the reference, then times): python -m cuda --op kv_inject
 // Compile check only: nvcc -arch=sm_90 -c cuda/kv_inject.cu (see cuda.nvcc_check)

@@ -558,11 +558,11 @@ def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(e
 
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
 @pytest.mark.parametrize("mode", MODES)
-# in order and eager (emu.h): a barrier missing before shared memory is reused or after thread 0
-# writes a shared value, or kernel2's last block picked by index instead of by ticket, passes in
-# order and fails eager
+# in order, eager and eager_forward (emu.h): a barrier missing after thread 0 writes a shared
+# value, before block_inclusive_scan's s_warp or block_argmax's s_idx is reused, or kernel2's last
+# block picked by index instead of by ticket, passes in order and fails one of the eager orders
 @pytest.mark.parametrize("shape, schedule", [(s, "in_order") for s in ACCEPT_SHAPES + QWEN_SHAPES] +
-                         [(s, "eager") for s in ACCEPT_SHAPES])
+                         [(s, o) for s in ACCEPT_SHAPES for o in ("eager", "eager_forward")])
 def test_accept_scan_emulated_kernels(emu, shape, schedule, mode, version, monkeypatch):
     monkeypatch.setenv("DFLASH_EMU_SCHEDULE", schedule)
     # quantized probabilities (exact=True), as on the GPU: the kernels scan in tiles, and only
@@ -576,6 +576,14 @@ def test_accept_scan_emulated_kernels(emu, shape, schedule, mode, version, monke
         p[-1, 0, [5, 9, 40]] = float("nan")
         assert all(torch.equal(a, b) for a, b in zip(emu.accept_scan(p, drafts, None, None, version),
                                                      cuda.accept_scan_ref(p, drafts)))
+
+
+def test_an_unknown_emulator_schedule_is_refused(emu, monkeypatch):
+    """A misspelt order used to run in order, so a test meant for eager checked nothing new."""
+    monkeypatch.setenv("DFLASH_EMU_SCHEDULE", "eagre")
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    with pytest.raises(RuntimeError, match="unknown DFLASH_EMU_SCHEDULE=eagre"):
+        emu.accept_scan(p, drafts, q, u, 1)
 
 
 @pytest.mark.parametrize("version", cuda.VERSIONS["accept_scan"])
@@ -690,6 +698,20 @@ __global__ void no_barrier(int* out) {  // the bug: thread 0 writes, the others 
   if (threadIdx.x == 0) s = 7;
   out[threadIdx.x] = s;
 }
+__global__ void reuse(int* out) {  // the bug: thread 0 rewrites s, no barrier after the others read it
+  __shared__ int s;
+  if (threadIdx.x == 0) s = 1;
+  __syncthreads();
+  const int first = s;
+  const int v = __shfl_down_sync(0xffffffff, first, 1);  // warp 0 done with s here
+  if (threadIdx.x == 0) s = 2 + v - v;                    // the next round's value
+  out[threadIdx.x] = first;
+}
+__global__ void two_barriers(int* out) {  // warp 0 at one __syncthreads, warp 1 at another
+  if (threadIdx.x < 32) __syncthreads();
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
 __global__ void half_warp(int* out) {  // lanes 16..31 leave, the rest shuffle with the full mask
   if (threadIdx.x >= 16) return;
   out[threadIdx.x] = __shfl_down_sync(0xffffffff, (int)threadIdx.x, 1);
@@ -707,10 +729,13 @@ int main() {
   std::printf("order %d %d %d\n", seen[0], seen[1], seen[2]);
   emu::Launch(dim3(1), dim3(64)).run(no_barrier, flags);
   std::printf("no_barrier %d %d\n", flags[0], flags[63]);
-  for (int k = 0; k < 3; k++) try {  // each of these is an error on a GPU (a hang, UB, a launch error)
+  emu::Launch(dim3(1), dim3(64)).run(reuse, flags);
+  std::printf("reuse %d %d\n", flags[0], flags[63]);
+  for (int k = 0; k < 4; k++) try {  // each of these is an error on a GPU (a hang, UB, a launch error)
     if (k == 0) emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
     if (k == 1) emu::Launch(dim3(1), dim3(32)).run(half_warp, tmp);
     if (k == 2) emu::Launch(dim3(0), dim3(32)).run(half_warp, tmp);
+    if (k == 3) emu::Launch(dim3(1), dim3(64)).run(two_barriers, flags);
   } catch (const std::exception& e) {
     std::printf("%s\n", e.what());
   }
@@ -718,14 +743,18 @@ int main() {
 """
 
 
-@pytest.mark.parametrize("schedule", ["in_order", "eager"])
+@pytest.mark.parametrize("schedule", ["in_order", "eager", "eager_forward"])
 def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path, schedule):
     out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(cuda.HERE / "emu.h")), schedule)
     # in order, warp 0 reads the flag before warp 1 is past its shuffle and block 0 runs first;
-    # eager (last to first), warp 1 has run on and set it, and block 1 runs first
-    assert {"in_order": "order 0 0 1", "eager": "order 1 1 10"}[schedule] in out
+    # eager (last to first), warp 1 has run on and set it, and block 1 runs first; eager_forward
+    # runs warp 0 and block 0 first, so it reads as in order here
+    assert {"in_order": "order 0 0 1", "eager": "order 1 1 10", "eager_forward": "order 0 0 1"}[schedule] in out
     # eager, thread 63 reads the shared value before thread 0 writes it: the missing barrier shows
-    assert {"in_order": "no_barrier 7 7", "eager": "no_barrier 7 0"}[schedule] in out
+    assert {"in_order": "no_barrier 7 7", "eager": "no_barrier 7 0", "eager_forward": "no_barrier 7 7"}[schedule] in out
+    # eager_forward, warp 0 is past its shuffle and rewrites s before warp 1 has read it
+    assert {"in_order": "reuse 1 1", "eager": "reuse 1 1", "eager_forward": "reuse 1 2"}[schedule] in out
+    assert "threads wait at two different __syncthreads" in out
     assert "sums 2016 6112 10208 set 32" in out  # sum of 0..63, 64..127, 128..191; the 32 even threads
     assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
     assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
@@ -761,8 +790,8 @@ def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
 
 def test_self_check_exits_non_zero_on_a_wrong_token_or_a_stray_write(ext, monkeypatch, capsys):
     """A module that gets the last row's token wrong, and writes into the last slot of row 0 of
-    the cache, must fail every row of `python -m cuda` and exit 1. In the B = 3 and 7 cases row
-    0 has no new tokens, so that write shows only against the NaN the outputs start as."""
+    the cache, must fail every row of `python -m cuda` and exit 1. In every case with B > 1 row 0
+    has no new tokens, so that write shows only against the NaN the outputs start as."""
     import runpy
 
     class Broken:

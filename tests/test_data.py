@@ -274,8 +274,9 @@ def test_bins_hold_each_document_followed_by_endoftext(tmp_path, monkeypatch, en
 
 
 def test_the_split_is_the_hash_of_the_key_on_any_machine(tmp_path, monkeypatch):
-    """A file is held out iff sha1(key) % 1000 < VAL_PER_MILLE, whatever else is installed: files
-    whose keys hash to just under and exactly at the threshold fall on either side of it."""
+    """A file is held out iff (the first 8 hex digits of sha1(key)) % 1000 < VAL_PER_MILLE,
+    whatever else is installed: files whose keys hash to just under and exactly at the
+    threshold fall on either side of it."""
     names = {}
     for i in range(100_000):  # the first names whose keys hash to 19 and 20 per mille
         h = int(hashlib.sha1(f"stdlib/m{i}.py".encode()).hexdigest()[:8], 16) % 1000
