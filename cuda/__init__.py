@@ -27,9 +27,9 @@ The first use of each path prints one line saying which path is active and why.
     python -m cuda            # build, validate every op and kernel version, time them
     python -m cuda --emu      # the same validation of the CUDA kernels' code on a CPU (load_emu)
 
-Size: about 1,500 lines (the .cu, .cpp, emu.h, this module and __main__.py) against DESIGN's
+Size: about 1,550 lines (the .cu, .cpp, emu.h, this module and __main__.py) against DESIGN's
 ~400, because every op exists three times on purpose (kernel, bit-exact host loop for CI,
-reference), the self-check is llm.c-style, and emu.h (~250 lines) lets machines without a GPU
+reference), the self-check is llm.c-style, and emu.h (~290 lines) lets machines without a GPU
 run the kernels' own code: no session of this project has had a GPU so far.
 """
 
@@ -279,8 +279,11 @@ def _pick(device, op):
 def kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     """Fused kv_inject (header of kv_inject.cu) when available, else kv_inject_ref. In place.
     A cache of a dtype the kernel lacks (float64: its RoPE is float32 math) takes the reference."""
+    if cache_k.dtype not in KV_DTYPES:  # decided before _pick: nothing to build or announce for it
+        _announce(f"kv_inject with a {str(cache_k.dtype)[6:]} cache uses the reference path (no kernel for it)")
+        return kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
     ext = _pick(cache_k.device, "kv_inject")
-    if ext is None or cache_k.dtype not in KV_DTYPES:
+    if ext is None:
         return kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
     c = torch.Tensor.contiguous  # the reference takes any strides; the caches are written in place
     ext.kv_inject(cache_k, cache_v, c(new_k), c(new_v), c(offsets), c(counts), c(cos), c(sin))

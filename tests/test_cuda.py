@@ -277,17 +277,23 @@ def test_env_host_uses_extension(ext, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(cuda.accept_scan(p, drafts, q, u), cuda.accept_scan_ref(p, drafts, q, u)))
 
 
-def test_env_host_kv_inject_takes_what_the_reference_takes(ext, monkeypatch):
-    """Through the wrapper: non-contiguous new K/V reach the extension made contiguous, and a
-    float64 cache (no kernel: the extension refuses it) takes the reference."""
+def test_env_host_kv_inject_takes_what_the_reference_takes(ext, monkeypatch, capsys):
+    """Through the wrapper: non-contiguous inputs reach the extension made contiguous, and a
+    float64 cache (no kernel: the extension refuses it) takes the reference and says so."""
     monkeypatch.setenv(cuda.ENV, "host")
+    monkeypatch.setattr(cuda, "_announced", set())
+    strided = lambda t: torch.stack([t, t], -1)[..., 0]  # the same values, not contiguous
     for dtype in (torch.float32, torch.float64):
         args = list(make_kv_case(2, 3, 2, 16, 20, 4, dtype=dtype, seed=7))
-        args[2] = args[2].transpose(0, 1).contiguous().transpose(0, 1)  # new_k (L, B, ...) with B outermost
         ref_k, ref_v = args[0].clone(), args[1].clone()
         cuda.kv_inject_ref(ref_k, ref_v, *args[2:])
+        args[2:] = [strided(t) for t in args[2:]]  # new K/V, offsets, counts, RoPE tables
+        assert not any(t.is_contiguous() for t in args[2:])
         cuda.kv_inject(*args)
         assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    out = capsys.readouterr().out
+    assert "kv_inject with a float64 cache uses the reference path" in out
+    assert out.count("uses the extension path") == 1  # the float32 call; the float64 one builds nothing
     with pytest.raises(RuntimeError, match="dtype"):  # what the wrapper steers the float64 cache around
         ext.kv_inject(*make_kv_case(2, 3, 2, 16, 20, 4, dtype=torch.float64))
 

@@ -126,6 +126,13 @@ def test_a_cpu_plan_saves_runs_often_enough_to_resume_them(tmp_path, monkeypatch
     weights.find_or_train(args_for(tmp_path), ["ar", "draft", "eagle"], torch.device("cpu"), torch.float32)
     assert weights.CPU_SAVE_EVERY < 40  # the cpu target makes ~40-80 steps in its budget
     assert seen == [("tiny", weights.CPU_SAVE_EVERY), ("tiny", weights.CPU_SAVE_EVERY), ("eagle", weights.CPU_SAVE_EVERY)]
+    # on a GPU the trainers' own default stays (a ~1 GB run file for the gpu target); the
+    # models load on the CPU here, only the plan's argv sees the device
+    monkeypatch.setattr(weights, "load_target", lambda path, device, dtype: load_target(path))
+    seen.clear()
+    weights.find_or_train(args_for(tmp_path / "gpu"), ["ar", "draft", "eagle"], torch.device("cuda"), torch.float32)
+    default = train.get_parser().parse_args([]).save_every
+    assert default == 500 and seen == [("tiny", default), ("tiny", default), ("eagle", default)]
 
 
 def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch):
