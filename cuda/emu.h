@@ -25,7 +25,8 @@
 // shuffle; or at two different __syncthreads lines), at a full-mask shuffle after some of the
 // warp's lanes returned (undefined on a GPU) and at a launch with no blocks (a GPU's launch
 // error). Not caught: a __syncthreads that the threads skipping it pass by to return (exited
-// threads do not count, as on the GPU); only a wrong result can show that one.
+// threads do not count, as on the GPU), and threads at one line from two call sites of a helper
+// or two loop iterations; only a wrong result can show those.
 // DFLASH_EMU_SCHEDULE=eager or eager_forward changes the order (see schedule below): a warp runs
 // on as soon as its lanes meet. The tests run accept_scan's kernels (the ones with barriers,
 // shuffles and a ticket) under all three orders.
