@@ -218,8 +218,7 @@ class DFlashDrafter:
         context cache at each row's own offset (RoPE applied at the absolute positions)."""
         import cuda
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
-        cuda.kv_inject(self.ck, self.cv, k.contiguous(), v.contiguous(), self.ctx_len, n_new,
-                       self.target.rope_cos, self.target.rope_sin)
+        cuda.kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos, self.target.rope_sin)
         self.ctx_len = self.ctx_len + n_new
 
     @torch.no_grad()

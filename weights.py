@@ -8,11 +8,10 @@ Looks in --weights DIR only (training nothing), else in the committed reference 
 weights/<preset>/ (the tokenizer's hash must match), else in out/<preset>/. Whatever is still
 missing is trained there first: the plan is printed with its minutes, each step shows its
 progress, and a step killed half-way resumes from its run file on the next run (saved every
-CPU_SAVE_EVERY steps on a CPU, every 500 on a GPU). Drafters
-trained for the committed target go to out/<preset>/weights/, so that they never mix with
-drafters of a target trained here: each mtp, eagle and dflash checkpoint records its target's
-weights_hash, and one trained for another target is never used (the draft model, a small
-target of its own, fits any).
+CPU_SAVE_EVERY steps on a CPU, every 500 on a GPU). Drafters trained for the committed target
+go to out/<preset>/weights/, so that they never mix with drafters of a target trained here:
+each mtp, eagle and dflash checkpoint records its target's weights_hash, and one trained for
+another target is never used (the draft model, a small target of its own, fits any).
 
 Not in DESIGN.md's file list: it was ~120 lines of bench.py, a second idea in that file.
 NOTE: this module and the weights/ folder sit side by side on purpose; weights/ has no
@@ -145,26 +144,26 @@ def train_missing(args, target, target_path, found, train_dir, device, dtype):
     for i, what in enumerate(todo, 1):
         print(f"\n=== [{i}/{len(todo)}] {what} (~{cost(what):g} min; ~{sum(map(cost, todo[i - 1:])):g} min left "
               f"in the plan) ===", flush=True)
-        dev = ["--device", str(device)] + ["--save-every", str(CPU_SAVE_EVERY)] * (device.type == "cpu")
+        common = ["--device", str(device)] + ["--save-every", str(CPU_SAVE_EVERY)] * (device.type == "cpu")
         if what == "data":
             data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":
             argv = ["--preset", args.preset, "--out-path", target_path, "--minutes", str(MINUTES["target"]),
-                    "--quality-prompts", "8", *dev]
+                    "--quality-prompts", "8", *common]
             train_resuming(train, what, train.run_path(target_path), argv)
             target = load_target(target_path, device=device, dtype=dtype)
         elif what == "draft":
             preset = {"cpu": "cpu-draft", "gpu": "gpu-draft"}.get(args.preset, args.preset)
             draft_path = os.path.join(train_dir, CKPT["draft"])
             argv = ["--preset", preset, "--out-path", draft_path, "--minutes", str(MINUTES["draft"]),
-                    "--quality-prompts", "0", *dev]
+                    "--quality-prompts", "0", *common]
             train_resuming(train, what, train.run_path(draft_path), argv)
             found["draft"] = train_dir
         else:
             try:
                 import train_drafter
                 argv = ["--method", what, "--target", target_path, "--out-dir", train_dir, "--minutes",
-                        str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *dev]
+                        str(MINUTES[what]), "--eval-every", "50", *DISTILL_ARGS, *common]
                 train_resuming(train_drafter, what, train.run_path(os.path.join(train_dir, CKPT[what])), argv)
                 found[what] = train_dir
             except Exception as e:  # a drafter module still being written must not stop the others
