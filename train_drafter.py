@@ -23,13 +23,13 @@ or `dflash` (draft_diffusion.py).
 3. The checkpoint, <method>.pt in --out-dir (beside the target; out/<preset>/weights/ for the
    committed weights/<preset>/target.pt), records the hash of the target it was trained for;
    loading it against another target is an error. Until a run finishes, it keeps its state
-   (optimizer, step, clock, random streams) in <method>.run.pt every --save-every steps, and
-   --resume continues a killed run from there.
+   (optimizer, step, clock, random streams) in <method>.run.pt every --save-minutes minutes and
+   every --save-every steps, and --resume continues a killed run from there.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
-~385 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
+~390 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
 committed budget trains for 60-175 minutes (README, "The reference weights"): a killed one
 should not start over.
 """
@@ -44,7 +44,7 @@ import torch
 
 import data
 from model import DefaultsHelp, check_writable, get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
-from train import check_args, check_run_flags, claim_run_file, eta_s, interrupted, run_path
+from train import SAVE_MINUTES, check_args, check_run_flags, claim_run_file, eta_s, interrupted, run_path, save_due
 
 
 # -----------------------------------------------------------------------------
@@ -272,6 +272,7 @@ def main(args):
             torch.cuda.set_rng_state_all(resumed["rng"]["cuda"])
         print(f"resuming {args.resume} at step {step} ({elapsed / 60:.1f} min in)")
     t0 = time.time() - elapsed
+    t_saved = time.time()
 
     def save(path, **extra):
         save_checkpoint(path, dict(kind=args.method, config=model.config_dict(), state_dict=model.state_dict(),
@@ -303,12 +304,13 @@ def main(args):
             print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | lr {lr:.1e} | "
                   f"top-1 agreement per position {' '.join(f'{a:.2f}' for a in acc[:16])} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
-        if args.save_every and step % args.save_every == 0:  # what --resume needs to continue the run
+        if save_due(args, step, time.time() - t_saved):  # what --resume needs to continue the run
             rng = dict(order=order.get_state(), torch=torch.get_rng_state())
             if device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state_all()
             save(run_file, optimizer=opt.state_dict(), rng=rng, perm=perm, step=step, epoch=epoch,
                  elapsed=time.time() - t0)
+            t_saved = time.time()
     vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
     minutes = (time.time() - t0) / 60
     print(f"done: {step} steps, {epoch + 1} epochs in {minutes:.1f} min | val {vl:.3f} | "
@@ -350,7 +352,10 @@ def get_parser():
                    "dflash the paper's, which 2e-3 did not beat)")
     g.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     g.add_argument("--save-every", type=int, default=500, help="steps between saves of the run in progress to "
-                   "out-dir/<method>.run.pt, removed when the run finishes (0 = never)")
+                   "out-dir/<method>.run.pt, removed when the run finishes (0 = by --save-minutes only)")
+    g.add_argument("--save-minutes", type=float, default=SAVE_MINUTES, help="also save the run in progress once "
+                   "this many minutes have passed since its last save, so that a kill loses at most that plus "
+                   "one step (0 = by --save-every only; both 0 = never)")
     g.add_argument("--resume", default=None, metavar="RUN", help="continue a killed run from its <method>.run.pt, "
                    "with the same flags; exact with --max-steps on the same device and threads. --minutes and "
                    "--max-steps may change (the schedule then stretches from where the run is)")

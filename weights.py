@@ -7,11 +7,11 @@ works on a fresh machine in one command.
 Looks in --weights DIR only (training nothing), else in the committed reference weights
 weights/<preset>/ (the tokenizer's hash must match), else in out/<preset>/. Whatever is still
 missing is trained there first: the plan is printed with its minutes, each step shows its
-progress, and a step killed half-way resumes from its run file on the next run (saved every
-CPU_SAVE_EVERY steps on a CPU, every 500 on a GPU). Drafters trained for the committed target
-go to out/<preset>/weights/, so that they never mix with drafters of a target trained here:
-each mtp, eagle and dflash checkpoint records its target's weights_hash, and one trained for
-another target is never used (the draft model, a small target of its own, fits any).
+progress, and a killed step resumes on the next run from its run file, which the trainers save
+every 2 minutes (--save-minutes), so a kill loses at most about that. Drafters trained for the
+committed target go to out/<preset>/weights/, so that they never mix with drafters of a target
+trained here: each mtp, eagle and dflash checkpoint records its target's weights_hash, and one
+trained for another target is never used (the draft model, a small target of its own, fits any).
 
 Not in DESIGN.md's file list: it was ~120 lines of bench.py, a second idea in that file.
 NOTE: this module and the weights/ folder sit side by side on purpose; weights/ has no
@@ -33,11 +33,6 @@ MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
 # are the real benchmark). Distillation data is built once and shared by the three drafters.
 MINUTES = {"data": 0.5, "target": 6.0, "draft": 1.5, "distill": 1.5, "mtp": 1.5, "eagle": 1.5, "dflash": 2.0}
 DISTILL_ARGS = ["--n-seqs", "256", "--n-val-seqs", "32", "--gen-len", "128"]
-# The trainers save their run file every 500 steps by default, more steps than these budgets
-# make on a CPU (the target ~40-80): every 20 there, so a step killed half-way has something to
-# resume from (a save of the cpu target's run, 82 MB: ~0.15 s). On a GPU steps are many and
-# fast, and the gpu target's run file is ~1 GB: the default stays.
-CPU_SAVE_EVERY = 20
 
 
 class Unusable(Exception):
@@ -144,7 +139,7 @@ def train_missing(args, target, target_path, found, train_dir, device, dtype):
     for i, what in enumerate(todo, 1):
         print(f"\n=== [{i}/{len(todo)}] {what} (~{cost(what):g} min; ~{sum(map(cost, todo[i - 1:])):g} min left "
               f"in the plan) ===", flush=True)
-        common = ["--device", str(device)] + ["--save-every", str(CPU_SAVE_EVERY)] * (device.type == "cpu")
+        common = ["--device", str(device)]
         if what == "data":
             data.prepare()  # the token bins live in <repo>/out/data whatever --out says: a shared cache
         elif what == "target":

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -100,6 +101,38 @@ def test_a_resumed_run_is_the_run_that_was_interrupted(tmp_path, monkeypatch, ca
     assert all(torch.equal(again["state_dict"][k], v) for k, v in whole["state_dict"].items())
 
 
+def test_save_due_counts_steps_and_minutes():
+    a = lambda every, minutes: argparse.Namespace(save_every=every, save_minutes=minutes)
+    assert train.save_due(a(500, 2.0), 500, 0.0) and not train.save_due(a(500, 2.0), 499, 119.9)
+    assert train.save_due(a(500, 2.0), 499, 120.0)  # the clock, between step saves
+    assert train.save_due(a(0, 2.0), 7, 120.0) and not train.save_due(a(0, 2.0), 500, 0.0)
+    assert train.save_due(a(500, 0.0), 1000, 0.0) and not train.save_due(a(500, 0.0), 999, 1e9)
+    assert not train.save_due(a(0, 0.0), 500, 1e9)  # both off: no run file
+
+
+def test_a_run_saves_by_the_clock_counted_from_its_last_save(tmp_path, monkeypatch):
+    """On a CPU 500 steps can take half an hour: with steps of 25 s on a fake clock, --save-minutes 1
+    saves after steps 3, 6 and 9 (each 75 s after the last save), not only every --save-every
+    steps, and the finished checkpoint comes at step 10."""
+    data.prepare()
+    clock = types.SimpleNamespace(now=1e6)
+    clock.time = lambda: clock.now
+    real_batch, real_save, saved = train.get_batch, train.save_checkpoint, []
+
+    def batch_after_25_s(*a):
+        clock.now += 25.0
+        return real_batch(*a)
+    monkeypatch.setattr(train, "time", clock)
+    monkeypatch.setattr(train, "get_batch", batch_after_25_s)
+    monkeypatch.setattr(train, "save_checkpoint", lambda path, obj: saved.append((os.path.basename(path), obj["step"]))
+                        or real_save(path, obj))
+    train.main(train.get_parser().parse_args(
+        ["--preset", "tiny", "--max-steps", "10", "--minutes", "30", "--seq-len", "16", "--batch-size", "2",
+         "--eval-every", "100", "--eval-batches", "1", "--quality-prompts", "0", "--threads", "1",
+         "--save-every", "500", "--save-minutes", "1", "--out-path", str(tmp_path / "t.pt")]))
+    assert saved == [("t.run.pt", 3), ("t.run.pt", 6), ("t.run.pt", 9), ("t.pt", 10)]
+
+
 def test_a_new_run_replaces_an_unfinished_one_unless_it_saves_nothing(tmp_path, capsys):
     data.prepare()
     out, run_file = tmp_path / "t.pt", tmp_path / "t.run.pt"
@@ -107,7 +140,7 @@ def test_a_new_run_replaces_an_unfinished_one_unless_it_saves_nothing(tmp_path, 
     flags = ["--preset", "tiny", "--max-steps", "2", "--minutes", "30", "--seq-len", "16", "--batch-size", "2",
              "--eval-every", "100", "--eval-batches", "1", "--quality-prompts", "0", "--threads", "1",
              "--out-path", str(out)]
-    train.main(train.get_parser().parse_args(flags + ["--save-every", "0"]))
+    train.main(train.get_parser().parse_args(flags + ["--save-every", "0", "--save-minutes", "0"]))
     assert run_file.read_bytes() == b"someone's run" and "NOTE" not in capsys.readouterr().out
     train.main(train.get_parser().parse_args(flags))  # 2 steps, no save of its own: still its file to remove
     assert not run_file.exists() and "which this new run replaces" in capsys.readouterr().out
@@ -201,13 +234,14 @@ def test_ctrl_c_names_the_run_file_to_resume(tmp_path, cmd, started, run_file):
 
 
 def test_check_args_and_eta():
-    ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0, save_every=0, warmup_steps=0, lr=1e-3)
+    ok = argparse.Namespace(batch_size=1, minutes=None, max_steps=0, save_every=0, save_minutes=0.0, warmup_steps=0, lr=1e-3)
     train.check_args(ok, ["batch_size"], zero_ok=["warmup_steps"])
     for bad, message in [({"batch_size": 0}, "--batch-size must be >= 1, got 0"), ({"minutes": 0}, "--minutes must be > 0"),
                          ({"max_steps": -1}, "--max-steps must be >= 0"), ({"minutes": float("nan")}, "--minutes must be > 0"),
                          ({"threads": -1}, "--threads must be >= 0"), ({"save_every": -1}, "--save-every must be >= 0"),
                          ({"warmup_steps": -5}, "--warmup-steps must be >= 0"), ({"lr": -1.0}, "--lr must be > 0"),
-                         ({"lr": 0.0}, "--lr must be > 0")]:
+                         ({"lr": 0.0}, "--lr must be > 0"), ({"save_minutes": -1.0}, "--save-minutes must be >= 0"),
+                         ({"save_minutes": float("nan")}, "--save-minutes must be >= 0")]:
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"], zero_ok=["warmup_steps"])
     assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
@@ -304,13 +338,16 @@ def test_check_run_flags_names_every_flag_that_differs():
 
 
 def test_claim_run_file_owns_the_file_it_resumed_from_and_only_that(tmp_path, capsys):
-    """A run resumed from <out>.run.pt owns it (removes it when done) even with --save-every 0,
+    """A run resumed from <out>.run.pt owns it (removes it when done) even when it saves nothing,
     however the path is spelled, and says nothing of replacing it; a run resumed from another
-    file that saves nothing leaves it alone; a fresh run that saves says it replaces it."""
+    file that saves nothing leaves it alone; a fresh run that saves, by steps or by the clock,
+    says it replaces it."""
     run_file = str(tmp_path / "t.run.pt")
     open(run_file, "wb").close()
-    claim = lambda resume, save_every: train.claim_run_file(run_file, argparse.Namespace(resume=resume, save_every=save_every))
+    claim = lambda resume, save_every, save_minutes=0.0: train.claim_run_file(
+        run_file, argparse.Namespace(resume=resume, save_every=save_every, save_minutes=save_minutes))
     assert claim(run_file, 0) and claim(os.path.relpath(run_file), 0)
     assert not claim(str(tmp_path / "t.pt"), 0)  # extending a finished checkpoint
     assert claim(run_file, 500) and capsys.readouterr().out == ""
     assert claim(None, 500) and "which this new run replaces" in capsys.readouterr().out
+    assert claim(None, 0, 2.0) and "which this new run replaces" in capsys.readouterr().out

@@ -117,6 +117,15 @@ def test_a_resumed_run_continues_the_interrupted_one(target_dir, tmp_path, metho
         assert torch.allclose(resumed["state_dict"][k], v, atol=1e-6), k
 
 
+def test_a_run_saves_by_the_clock_between_step_saves(target_dir, tmp_path, monkeypatch):
+    """--save-every 0 still saves once --save-minutes have passed (1e-9: after every step), so a
+    drafter run on a CPU, where 500 steps can take an hour, has something to resume."""
+    with monkeypatch.context() as m, pytest.raises(Interrupted):
+        m.setattr(train_drafter, "save_checkpoint", killed_after(2))
+        run(target_dir, "mtp", "--out-dir", str(tmp_path), "--save-every", "0", "--save-minutes", "1e-9")
+    assert torch.load(tmp_path / "mtp.run.pt", weights_only=True)["step"] == 2
+
+
 def test_resume_refuses_another_run_before_any_work(target_dir, tmp_path, monkeypatch):
     """Other flags, another target or method, or a finished drafter: refused before the
     distillation data is built (minutes, at real sizes)."""
@@ -136,7 +145,7 @@ def test_resume_refuses_another_run_before_any_work(target_dir, tmp_path, monkey
 
 def test_a_new_run_replaces_an_unfinished_one_unless_it_saves_nothing(target_dir, tmp_path, capsys):
     (tmp_path / "mtp.run.pt").write_bytes(b"someone's run")
-    run(target_dir, "mtp", "--out-dir", str(tmp_path), "--save-every", "0")
+    run(target_dir, "mtp", "--out-dir", str(tmp_path), "--save-every", "0", "--save-minutes", "0")
     assert (tmp_path / "mtp.run.pt").exists() and "NOTE" not in capsys.readouterr().out
     run(target_dir, "mtp", "--out-dir", str(tmp_path))  # 3 steps, no save of its own: still its file to remove
     assert not (tmp_path / "mtp.run.pt").exists() and "which this new run replaces" in capsys.readouterr().out
@@ -239,6 +248,7 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
                                            (["--block-size", "26", "--continuation-only"], r"must be in 2\.\.25"),
                                            (["--dflash-features", "3"], r"--dflash-features must be in 1\.\.2"),
                                            (["--save-every", "-1"], "--save-every must be >= 0"),
+                                           (["--save-minutes", "-1"], "--save-minutes must be >= 0"),
                                            (["--lr", "-1"], "--lr must be > 0")])
 def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_path, flags, message):
     """--loss-decay 0 fell back to the default, a block past the sequence had no labels, more
