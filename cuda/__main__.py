@@ -209,13 +209,16 @@ def main():
     if args.op in ("all", "accept_scan"):
         versions = cuda.VERSIONS["accept_scan"] if device.type == "cuda" or args.emu else ("host",)
         for shape in ACCEPT_SHAPES + (BIG_SHAPES["accept_scan"] if big else []):
-            for mode in ("greedy", "sample_q", "sample_argmax"):
+            # greedy also on bfloat16 logits, what bench --dtype bfloat16 feeds it (sampling
+            # takes float32 probabilities whatever the model's dtype)
+            for mode, dtype in (("greedy", torch.float32), ("greedy", torch.bfloat16), ("sample_q", torch.float32),
+                                ("sample_argmax", torch.float32)):
                 for version in versions:
                     if mode != "greedy" and version != versions[0]:
                         continue  # sampling has one kernel
-                    r = check_accept_scan(ext, shape, mode, 1 if version == "host" else version,
-                                          torch.float32, device, repeat)
-                    rows.append(("accept_scan", f"emu{version}" if args.emu else version, "BKV=" + "x".join(map(str, shape)), mode, *r))
+                    r = check_accept_scan(ext, shape, mode, 1 if version == "host" else version, dtype, device, repeat)
+                    case = mode + ("_bf16" if dtype == torch.bfloat16 else "")
+                    rows.append(("accept_scan", f"emu{version}" if args.emu else version, "BKV=" + "x".join(map(str, shape)), case, *r))
     head = f"{'op':<12} {'ver':>5} {'shape':<24} {'case':<14} {'dev':<5} {'mismatch':>8} {'max err':>8} " \
            f"{'ref ms':>8} {'fused ms':>9} {'speedup':>8}"
     print(head)

@@ -781,7 +781,8 @@ def test_mismatches_counts_nan_against_a_number_both_ways():
 
 def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
     """python -m cuda --emu: each kernel version on the shapes the README promises (B = 1, 3, 7;
-    K = 1, 15; V = 97, 4099, not multiples of 32), both cache dtypes, all three accept modes."""
+    K = 1, 15; V = 97, 4099, not multiples of 32), both cache dtypes, all three accept modes,
+    greedy on float32 and on bfloat16 logits."""
     import cuda.__main__ as selfcheck
     monkeypatch.setattr(sys, "argv", ["cuda", "--emu"])
     assert selfcheck.main() == 0
@@ -790,8 +791,8 @@ def test_self_check_covers_every_op_version_and_shape(emu, monkeypatch, capsys):
     kv = {("kv_inject", "emu1", "LBHDTt=" + "x".join(map(str, s)), dtype) for s in selfcheck.KV_SHAPES
           for dtype in ("float32", "bfloat16")}
     accept = {("accept_scan", f"emu{v}", "BKV=" + "x".join(map(str, shape)), mode) for shape in ACCEPT_SHAPES
-              for mode in MODES for v in (cuda.VERSIONS["accept_scan"] if mode == "greedy" else (1,))}
-    assert rows == kv | accept and "all 32 rows match the reference" in out
+              for mode in MODES + ("greedy_bf16",) for v in (cuda.VERSIONS["accept_scan"] if "greedy" in mode else (1,))}
+    assert rows == kv | accept and "all 44 rows match the reference" in out
 
 
 def test_self_check_exits_non_zero_on_a_wrong_token_or_a_stray_write(ext, monkeypatch, capsys):
@@ -799,11 +800,13 @@ def test_self_check_exits_non_zero_on_a_wrong_token_or_a_stray_write(ext, monkey
     the cache, must fail every row of `python -m cuda` and exit 1. In every case with B > 1 row 0
     has no new tokens, so that write shows only against the NaN the outputs start as."""
     import runpy
+    dtypes = set()
 
     class Broken:
         with_cuda = False
 
         def accept_scan(self, *args):
+            dtypes.add((args[2] is None and args[3] is None, args[0].dtype))  # (greedy, the logits' dtype)
             n, nxt = ext.accept_scan(*args)
             nxt[-1] += 1
             return n, nxt
@@ -817,7 +820,8 @@ def test_self_check_exits_non_zero_on_a_wrong_token_or_a_stray_write(ext, monkey
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(cuda.HERE / "__main__.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert e.value.code == 1 and "26 rows, 26 with mismatches" in out and out.count("MISMATCH") == 26
+    assert e.value.code == 1 and "32 rows, 32 with mismatches" in out and out.count("MISMATCH") == 32
+    assert dtypes == {(True, torch.float32), (True, torch.bfloat16), (False, torch.float32)}  # the rows test what they name
 
 
 # -----------------------------------------------------------------------------
