@@ -21,7 +21,7 @@ speedup vs ar, predicted speedup, lossless check, and where a greedy row differs
 target's two candidate tokens were there), a chart of per-position acceptance; --json / --plot
 write the same data.
 Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
-medians over --repeats rounds (default 1, so a CPU run with reused weights fits in ~5 minutes).
+medians over --repeats rounds (default 1, so a CPU run with reused weights takes 1-4 minutes).
 
 ~550 lines instead of ~300: the hand-written SVG (~50 lines), the batch-size sweep and
 the checks of every flag live here too, so that the report needs no plotting dependency and bad
