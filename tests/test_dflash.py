@@ -7,7 +7,7 @@ import pytest
 from test_model import tiny_model
 from model import generate as naive_generate
 from draft_diffusion import DFlash, DFlashDrafter, feature_layers
-from model import apply_rope
+from model import apply_rope, draw, logits_to_probs
 import speculate
 
 
@@ -418,6 +418,37 @@ def test_rows_of_different_context_lengths_draft_as_if_alone():
         alone = DFlashDrafter(target, df)
         alone.prefill(tokens[b:b + 1], n[b:b + 1], feats_of(target, df, tokens[b:b + 1, :int(n[b]) - 1]))
         assert (batch[b] - alone.block_logits(tokens[b:b + 1], n[b:b + 1], S)[0]).abs().max() < 1e-4, b
+
+
+def prefilled_drafter(sample):
+    """Two rows of different lengths, prefilled: (drafter, tokens, n)."""
+    target, df = setup()
+    tokens = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    n = torch.tensor([12, 7])
+    dr = DFlashDrafter(target, df, sample=sample)
+    dr.prefill(tokens, n, feats_of(target, df, tokens[:, :11]))
+    return dr, tokens, n
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("T, top_k", [(0.5, None), (1.0, 5), (2.0, 3)])
+def test_sampled_drafts_are_drawn_from_the_q_returned(T, top_k):
+    """q is each slot's logits warped at (T, top_k), and the drafts are draws from exactly that
+    q: the ratio test is lossless only for the q the drafts came from (a q without the top_k was
+    0.017 TV off in one step), and acceptance falls with a q warped at another T."""
+    dr, tokens, n = prefilled_drafter(sample=True)
+    drafts, q = dr.propose(tokens, n, 4, temperature=T, top_k=top_k, generator=torch.Generator().manual_seed(1))
+    expect = logits_to_probs(dr.block_logits(tokens, n, 5)[:, 1:], T, top_k)
+    assert torch.allclose(q, expect, atol=1e-6)
+    assert torch.equal(drafts, draw(expect, torch.Generator().manual_seed(1)))
+
+
+@torch.no_grad()
+def test_an_argmax_dflash_drafts_argmax_picks_when_sampling():
+    """sample=False (bench --dflash-argmax) drafts each slot's argmax, q None, even at T = 1."""
+    dr, tokens, n = prefilled_drafter(sample=False)
+    drafts, q = dr.propose(tokens, n, 4, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    assert q is None and torch.equal(drafts, dr.block_logits(tokens, n, 5)[:, 1:].argmax(-1))
 
 
 def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
