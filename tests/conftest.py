@@ -1,8 +1,10 @@
 """Shared pytest setup: the repo root and tests/ on sys.path (so plain `pytest` works as well as
-`python -m pytest`), and one CPU thread for the tiny test models."""
+`python -m pytest`), one CPU thread for the tiny test models, and a time limit per test."""
 import os
+import signal
 import sys
 
+import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -14,3 +16,37 @@ for path in (os.path.dirname(HERE), HERE):
 # for thread wake-ups (measured: 8 naive generations take 0.8 s on 1 thread, 53 s on 2 threads
 # next to a training job). One thread is never slower at this size.
 torch.set_num_threads(1)
+
+# A test that hangs (say, a decoding loop whose rows never finish) would hold CI to its
+# 90-minute limit and print nothing. The whole suite takes 2-7 minutes on 2 cores, so no
+# healthy test comes near the limit: past it the test fails, its traceback showing where it
+# was stuck, and the run stops there with its report (one hang usually means many).
+# SIGALRM is POSIX only; elsewhere there is no limit.
+TEST_TIMEOUT_S = float(os.environ.get("DFLASH_TEST_TIMEOUT_S", 600))
+hung = []  # the test that hung, once one has
+
+
+class Hung(BaseException):
+    """Not an Exception, so that code which carries on past a failed step (bench's training
+    plan does) cannot swallow it."""
+
+
+@pytest.fixture(autouse=True)
+def fail_a_hung_test(request):
+    if hung:
+        pytest.exit(f"stopped: {hung[0]} ran past {TEST_TIMEOUT_S:g} s (its failure is above)", returncode=1)
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def time_is_up(signum, frame):
+        hung.append(request.node.nodeid)
+        raise Hung(f"this test ran past {TEST_TIMEOUT_S:g} s: it hangs, or this machine is far slower than "
+                   "any the suite was timed on (then raise DFLASH_TEST_TIMEOUT_S)")
+    previous = signal.signal(signal.SIGALRM, time_is_up)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
