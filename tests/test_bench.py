@@ -8,6 +8,7 @@ tau, the greedy lossless check, a well-formed SVG; and the one-line errors for b
 import argparse
 import os
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -419,3 +420,70 @@ def test_table_content_a_tie_one_draft_position_and_a_sampled_sweep(capsys):
     assert "are 0, (ends early) apart" in out and "NO (2/2 differ)" in out
     assert "alpha_1 0.50 ... alpha_1 0.50" in out
     assert "batch   2: mtp 10 tok/s 1.20x\n" in out and "*" not in out.split("batch sweep")[1]
+
+
+# -----------------------------------------------------------------------------
+# the chart, the acceptance line and the greedy-only gaps show what they say
+
+def _ticks(root, ns, panel):
+    """{label: x} of the x-axis ticks and {label: y of the value} of the y-axis ticks of one
+    panel (0 left, 1 right): numeric texts, centred below the axis or right-aligned beside it."""
+    W = 440
+    xt, yt = {}, {}
+    for t in root.iter(ns + "text"):
+        x, y, s = float(t.get("x")), float(t.get("y")), t.text
+        if (x >= W) != bool(panel) or not re.fullmatch(r"[\d.]+", s or ""):
+            continue
+        if t.get("text-anchor") == "middle":
+            xt[s] = x
+        elif t.get("text-anchor") == "end":
+            yt[s] = y - 4  # the label sits 4 px below its value's height
+    return xt, yt
+
+
+def test_svg_points_sit_on_their_axis_ticks(tmp_path):
+    """Each acceptance point is drawn above the tick of its draft position, at the height of its
+    alpha's tick; each method's point in the right panel above its tau's tick, at its measured
+    speedup's tick. The smoke test checks only that the SVG parses."""
+    ns = "{http://www.w3.org/2000/svg}"
+    results = [dict(method="draft", temperature=0.0, acceptance_per_position=[1.0, 0.5, 0.25], tau=2.0, speedup=1.5,
+                    predicted_speedup=3.0),
+               dict(method="ar", temperature=0.0, acceptance_per_position=[], tau=1.0, speedup=1.0,
+                    predicted_speedup=1.0)]
+    path = tmp_path / "b.svg"
+    bench.svg(results, str(path))
+    root = ET.parse(path).getroot()
+    xt, yt = _ticks(root, ns, 0)
+    (line,) = root.iter(ns + "polyline")
+    pts = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+    assert len(pts) == 3
+    for i, (a, (x, y)) in enumerate(zip([1.0, 0.5, 0.25], pts), 1):
+        assert x == pytest.approx(xt[str(i)], abs=0.1), i
+        assert y == pytest.approx(yt[f"{a:g}"], abs=0.1), i
+    xt, yt = _ticks(root, ns, 1)
+    circles = [(float(c.get("cx")), float(c.get("cy"))) for c in root.iter(ns + "circle")]
+    assert len(circles) == 2
+    for r, (cx, cy) in zip(results, circles):
+        assert cx == pytest.approx(xt[f"{r['tau']:g}"], abs=0.1), r["method"]
+        assert cy == pytest.approx(yt[f"{r['speedup']:g}"], abs=0.1), r["method"]
+
+
+def test_acceptance_line_bars_and_E(capsys):
+    """The text chart: eighth blocks rounded to the nearest (0.99 is a full block, 0.1 one
+    eighth), and E = 1 + the sum of the alphas as its label says."""
+    assert bench.bars([1.0, 0.99, 0.5, 0.1, 0.0]) == "████▄▄▁▁  "
+    row = dict(method="mtp", temperature=0.0, K=2, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
+               predicted_speedup=1.3, lossless=True, mismatches=0, drafter_params=0,
+               acceptance_per_position=[0.75, 0.5], first_difference_gaps=[])
+    bench.print_table([row], [], [], 0.0, 2)
+    assert "E = 1 + sum = 2.25" in capsys.readouterr().out
+
+
+def test_first_difference_gaps_only_for_greedy_rows(weights, prompts_file, capsys):
+    """Sampled rows differ from ar's by design: no gaps for them and no "T=0 ... differs" NOTE,
+    which would send the reader after a bug that is not there."""
+    rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,draft", "--temperatures", "1",
+                       "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"])
+    out = capsys.readouterr().out
+    assert all(r["first_difference_gaps"] == [] for r in rows) and "NOTE" not in out
+

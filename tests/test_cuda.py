@@ -1017,3 +1017,16 @@ def test_the_cuda_tools_also_run_as_files(script, tmp_path):
     """`python cuda/sdpa_probe.py` (the README names the file) could not import `cuda`."""
     r = subprocess.run([sys.executable, str(cuda.HERE / script), "--help"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and "--repeat" in r.stdout, r.stderr[-800:]
+
+
+def test_accept_scan_wrapper_asks_for_the_promoted_kernel_version(monkeypatch):
+    """Every version gives the same tokens (the suite checks that), so only the argument shows
+    which kernel a GPU run takes: the promoted DEFAULT_VERSION, not the unmeasured candidate."""
+    seen = []
+    fake = type("Ext", (), {"accept_scan": staticmethod(
+        lambda p, d, q, u, version: seen.append(version) or cuda.accept_scan_ref(p, d, q, u))})
+    monkeypatch.setattr(cuda, "_pick", lambda device, op: fake)
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    cuda.accept_scan(p, drafts, q, u)
+    assert seen == [cuda.DEFAULT_VERSION]
+

@@ -12,7 +12,7 @@ import torch
 
 import speculate
 from draft_eagle import Eagle, EagleDrafter, default_layers, load_drafter
-from model import save_checkpoint, weights_hash
+from model import logits_to_probs, save_checkpoint, weights_hash
 from test_model import tiny_model
 
 
@@ -298,3 +298,74 @@ def test_every_proposal_equals_a_fresh_drafters_after_ragged_acceptance():
     outs, st = speculate.generate(target, prompts, d, max_new_tokens=20, K=4)
     assert outs == [naive_generate(target, p, 20) for p in prompts]
     assert len(steps) > 5 and max(st["acceptance_per_position"]) > 0
+
+
+# -----------------------------------------------------------------------------
+# at T > 0 each draft's q is the chain's distribution given the drafts drawn before it; seeds
+
+T_SAMPLE, TOP_K = 0.7, 5
+
+
+@torch.no_grad()
+def test_eagle_sampled_chain_feeds_its_draws_and_returns_their_warped_q():
+    """The same for EAGLE: q_i = warp(logits of the chain that was given d_1..d_{i-1})."""
+    target = frozen(tiny_model(3))
+    e = random_eagle(target, seed=2)
+    tok = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
+    n = torch.tensor([9, 14])
+    feats = features(target, tok, e.hidden_layers)
+    d = EagleDrafter(target, e)
+    d.prefill(tok, n, feats)
+    drafts, q = d.propose(tok, n, K=4, temperature=T_SAMPLE, top_k=TOP_K, generator=torch.Generator().manual_seed(0))
+    assert drafts.shape == (2, 4) and q.shape == (2, 4, 97)
+    d.prefill(tok, n, feats)
+    h, lg = d.catch_up(tok, n)
+    off_argmax = 0
+    for i in range(4):
+        assert torch.allclose(q[:, i], logits_to_probs(lg, T_SAMPLE, TOP_K), atol=1e-5), i
+        assert (q[:, i].gather(1, drafts[:, i:i + 1]) > 0).all()
+        off_argmax += int((drafts[:, i] != lg.argmax(-1)).sum())
+        h, lg = d.step(h, drafts[:, i])
+    assert off_argmax > 0
+
+
+@torch.no_grad()
+def test_eagle_loss_refuses_a_window_whose_last_step_has_no_label():
+    """ttt_steps = 3 needs T >= 5 tokens: step j scores p >= j over p = 0..T-3, so at T = 4 the
+    last step has no label and its cross-entropy (and the loss) is NaN, which training would
+    take silently."""
+    target = frozen(tiny_model(1))
+    e = random_eagle(target, ttt_steps=3)
+    tok = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(0))
+    feats = features(target, tok, e.hidden_layers)
+    loss, st = e.loss(target, tok, feats)
+    assert loss.isfinite() and st["count"].tolist()[-1] == 2
+    with pytest.raises(ValueError, match="too short"):
+        e.loss(target, tok[:, :4], feats[:, :4])
+
+
+def _drafter(name):
+    from mtp import MTPDrafter
+    from test_mtp import echo_mtp, loopy_target
+    if name == "mtp":
+        target = loopy_target()
+        return target, MTPDrafter(target, echo_mtp(target))
+    target = frozen(tiny_model(3))
+    return target, EagleDrafter(target, random_eagle(target, seed=2))
+
+
+@pytest.mark.parametrize("name", ["mtp", "eagle"])
+def test_sampled_decoding_is_reproduced_by_its_seed(name):
+    """generate(seed=...) at T > 0 draws every random number from its generator, drafts too:
+    the same seed gives the same tokens and passes whatever the global RNG state (bench runs
+    every method with one --seed). A drafter drawing from the global RNG passes every
+    distribution test but gives other samples on every run."""
+    target, drafter = _drafter(name)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    runs = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=16, K=3, temperature=1.0, seed=3)
+        runs.append((outs, st["row_passes"], st["accepted_per_position"]))
+    assert runs[0] == runs[1]
+

@@ -19,7 +19,7 @@ import torch
 
 import speculate
 from speculate import NO_DRAFT
-from model import generate as naive_generate, save_checkpoint
+from model import generate as naive_generate, logits_to_probs, save_checkpoint
 from mtp import MTP, MTPDrafter, PostHocMTP
 import mtp as mtp_lib
 from test_model import tiny_model
@@ -356,3 +356,50 @@ def test_mtp_draft_caps_the_drafts_when_more_are_asked_for():
     capped.prefill(tokens, n, feats)
     drafts, _ = capped.propose(tokens, n, K=DEPTH)
     assert chain.shape == (2, DEPTH) and torch.equal(drafts, chain[:, :2])
+
+
+# -----------------------------------------------------------------------------
+# at T > 0 each draft's q is the heads' distribution given the drafts drawn before it
+
+T_SAMPLE, TOP_K = 0.7, 5
+
+
+def _buffers(target, lengths, seed=5, width=32):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.zeros(len(lengths), width, dtype=torch.long)
+    for b, L in enumerate(lengths):
+        tokens[b, :L] = torch.randint(0, V, (L,), generator=g)
+    return tokens, torch.tensor(lengths)
+
+
+@torch.no_grad()
+def test_mtp_sampled_chain_feeds_its_draws_and_returns_their_warped_q():
+    """Module k's q is softmax(logits / T) over the top_k, of module k run from scratch with the
+    DRAWN d_1..d_{k-1} as its inputs. Feeding the argmax instead (or a q without top_k) stays
+    lossless, so the sampling test cannot see it, but the chain then drafts for a
+    continuation the verifier never sees, and acceptance at T > 0 drops."""
+    target = random_target()
+    heads = random_mtp(target)
+    tokens, n = _buffers(target, [10, 7])
+    feats = target(tokens[:, :9], hidden_layers=(target.cfg.n_layer,))[1][0]
+    drafter = MTPDrafter(target, heads)
+    drafter.prefill(tokens, n, feats)
+    g = torch.Generator().manual_seed(0)
+    drafts, q = drafter.propose(tokens, n, K=DEPTH, temperature=T_SAMPLE, top_k=TOP_K, generator=g)
+    assert drafts.shape == (2, DEPTH) and q.shape == (2, DEPTH, V)
+    off_argmax = 0
+    for b in range(2):
+        ref = mtp_reference(target, heads, tokens[b, :int(n[b])].tolist(), drafts[b].tolist())
+        for k, (_, logits) in enumerate(ref):
+            assert torch.allclose(q[b, k], logits_to_probs(logits, T_SAMPLE, TOP_K), atol=1e-5), (b, k)
+            assert q[b, k, drafts[b, k]] > 0                      # drawn from that q
+            off_argmax += int(drafts[b, k] != logits.argmax())
+    assert off_argmax > 0  # some draw was not the argmax, so the chain's inputs were tested
+
+
+def test_mtp_drafter_refuses_zero_drafts():
+    """n_draft = 0 must be refused where it is given, not end in torch.stack([]) at the first propose."""
+    target = random_target()
+    with pytest.raises(ValueError, match=f"drafts 1..{DEPTH} tokens, not 0"):
+        MTPDrafter(target, random_mtp(target), n_draft=0)
+
