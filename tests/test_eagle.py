@@ -130,11 +130,8 @@ def test_ttt_matches_inference_chain():
         assert d.cache.lengths.tolist() == [x + 5 for x in anchors]
 
 
-@torch.no_grad()
-def test_propose_is_the_chain_that_feeds_back_its_own_feature():
-    """propose == catch_up, then step(h, d) K-1 times, each step given the feature h the
-    previous one returned and its argmax draft d. Dropping the feedback keeps decoding
-    lossless (only the drafts change), so no equality-with-plain-decoding test can see it."""
+def prefilled_chain():
+    """A random EAGLE drafter prefilled on two rows of different lengths: (drafter, tokens, n, feats)."""
     target = frozen(tiny_model(3))
     e = random_eagle(target, seed=2)
     tok = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
@@ -142,6 +139,15 @@ def test_propose_is_the_chain_that_feeds_back_its_own_feature():
     feats = features(target, tok, e.hidden_layers)
     d = EagleDrafter(target, e)
     d.prefill(tok, n, feats)
+    return d, tok, n, feats
+
+
+@torch.no_grad()
+def test_propose_is_the_chain_that_feeds_back_its_own_feature():
+    """propose == catch_up, then step(h, d) K-1 times, each step given the feature h the
+    previous one returned and its argmax draft d. Dropping the feedback keeps decoding
+    lossless (only the drafts change), so no equality-with-plain-decoding test can see it."""
+    d, tok, n, feats = prefilled_chain()
     drafts, _ = d.propose(tok, n, K=4)
     d.prefill(tok, n, feats)
     h, lg = d.catch_up(tok, n)
@@ -309,13 +315,7 @@ T_SAMPLE, TOP_K = 0.7, 5
 @torch.no_grad()
 def test_eagle_sampled_chain_feeds_its_draws_and_returns_their_warped_q():
     """The same for EAGLE: q_i = warp(logits of the chain that was given d_1..d_{i-1})."""
-    target = frozen(tiny_model(3))
-    e = random_eagle(target, seed=2)
-    tok = torch.randint(0, 97, (2, 30), generator=torch.Generator().manual_seed(0))
-    n = torch.tensor([9, 14])
-    feats = features(target, tok, e.hidden_layers)
-    d = EagleDrafter(target, e)
-    d.prefill(tok, n, feats)
+    d, tok, n, feats = prefilled_chain()
     drafts, q = d.propose(tok, n, K=4, temperature=T_SAMPLE, top_k=TOP_K, generator=torch.Generator().manual_seed(0))
     assert drafts.shape == (2, 4) and q.shape == (2, 4, 97)
     d.prefill(tok, n, feats)
