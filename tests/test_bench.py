@@ -428,7 +428,7 @@ def test_table_content_a_tie_one_draft_position_and_a_sampled_sweep(capsys):
 def _ticks(root, ns, panel):
     """{label: x} of the x-axis ticks and {label: y of the value} of the y-axis ticks of one
     panel (0 left, 1 right): numeric texts, centred below the axis or right-aligned beside it."""
-    W = 440
+    W = 440  # bench.svg's panel width: the right panel starts here
     xt, yt = {}, {}
     for t in root.iter(ns + "text"):
         x, y, s = float(t.get("x")), float(t.get("y")), t.text
