@@ -56,14 +56,6 @@ def die(msg):
     sys.exit(2)
 
 
-def write_atomic(path, text):
-    """Temp file then rename (like model.save_checkpoint): Ctrl-C never leaves half a file."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -267,7 +259,7 @@ def svg(results, path):
         right = x > 2 * W - 90  # a label near the right edge goes to the left of its point
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{c}"/><text x="{x - 6 if right else x + 6:.1f}" '
                    f'y="{y - 5:.1f}" text-anchor="{"end" if right else "start"}" fill="{c}">{escape(label)}</text>')
-    write_atomic(path, "\n".join(out + ["</svg>\n"]))
+    data.write_atomic(path, "\n".join(out + ["</svg>\n"]))
 
 
 def trained_preset(target):
@@ -534,7 +526,7 @@ def main(argv=None):
                       results=results)
         if sizes:
             report["batch_sweep"] = sweep
-        write_atomic(args.json, json.dumps(report, indent=1) + "\n")
+        data.write_atomic(args.json, json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
         svg(results, args.plot)

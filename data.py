@@ -171,6 +171,15 @@ def bytes_per_token(enc, texts):
 # -----------------------------------------------------------------------------
 # token bins
 
+def write_atomic(path, text):
+    """Temp file then rename (like model.save_checkpoint): Ctrl-C never leaves half a file (meta.json
+    here, bench's JSON and chart)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 DATA_OUT = os.path.join(ROOT, "out")  # the token bins: a cache every run shares, in the git-ignored out/
 _prepared = {}  # out_dir -> meta, once checked in this process (the check lists the whole corpus)
 
@@ -223,9 +232,7 @@ def _prepare(out_dir, rebuild):
         print(f"data: {split}: {len(docs):,} files, {n_bytes:,} bytes, {len(tokens):,} tokens "
               f"({n_bytes / len(tokens):.2f} bytes/token)    ")
     meta["build_seconds"] = round(time.time() - t0, 1)
-    with open(meta_path + ".tmp", "w") as f:  # temp-then-rename, as the bins: never a torn meta.json
-        json.dump(meta, f, indent=1)
-    os.replace(meta_path + ".tmp", meta_path)
+    write_atomic(meta_path, json.dumps(meta, indent=1))
     return meta
 
 def load_tokens(split, out_dir=DATA_OUT):

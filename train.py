@@ -114,15 +114,13 @@ def check_args(args, names, zero_ok=()):
     for name in names:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("threads", "max_steps", "save_every", *zero_ok):  # 0 means "off" or "torch's choice"
-        if (getattr(args, name, 0) or 0) < 0:  # a negative one was taken as 0, or as every step
+    for name in ("threads", "max_steps", "save_every", "save_minutes", *zero_ok):  # 0: "off" or "torch's choice"
+        if not (getattr(args, name, 0) or 0) >= 0:  # a negative one was taken as 0 or as every step; nan never saved
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("minutes", "lr"):
         value = getattr(args, name, None)
         if value is not None and not value > 0:  # NaN too: a nan budget never ran out
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    if not getattr(args, "save_minutes", 0) >= 0:  # NaN too: it would never save
-        raise ValueError(f"--save-minutes must be >= 0, got {args.save_minutes}")
 
 
 def eta_s(budget, elapsed, step, max_steps):
