@@ -19,11 +19,10 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 + the at::Tensor / optional casters
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #ifdef WITH_CUDA
 // defined in kv_inject.cu / accept_scan.cu, which see raw pointers only (fast to compile);
@@ -134,21 +133,18 @@ void kv_inject(at::Tensor cache_k, at::Tensor cache_v, const at::Tensor& new_k,
 // -----------------------------------------------------------------------------
 // accept_scan
 
-// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. In
-// double, which holds every logit dtype exactly (float32 would tie distinct float64 values).
-static inline bool better(double a, int64_t ia, double b, int64_t ib) {
-  const bool na = std::isnan(a), nb = std::isnan(b);
-  if (na || nb) return na && (!nb || ia < ib);
-  return a > b || (a == b && ia < ib);
-}
-
+// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. In one
+// pass that is: the first NaN, else the first maximum. Compared in float32 (exact for half and
+// bfloat16), in double for double (float32 would tie distinct float64 values).
 template <typename scalar_t>
 static int64_t argmax_host(const scalar_t* x, int64_t V) {
-  double bv = -std::numeric_limits<double>::infinity();
-  int64_t bi = std::numeric_limits<int64_t>::max();
+  using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+  acc_t bv = static_cast<acc_t>(x[0]);
+  int64_t bi = 0;
   for (int64_t j = 0; j < V; j++) {
-    const double v = static_cast<double>(x[j]);
-    if (better(v, j, bv, bi)) bv = v, bi = j;
+    const acc_t v = static_cast<acc_t>(x[j]);
+    if (v != v) return j;  // NaN
+    if (v > bv) bv = v, bi = j;  // strictly larger: a tie keeps the lower index
   }
   return bi;
 }

@@ -199,10 +199,13 @@ def test_accept_scan_host_covers_cases():
     assert zero_residual == [0]  # the row built for the fallback to p
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_accept_scan_host_greedy_low_precision_and_nan(ext, dtype):
     p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=dtype, seed=3)
     p[1, 2, [5, 9]] = float("nan")  # torch.argmax: NaN is the maximum, first NaN wins
+    p[0, 0, 0] = float("nan")       # ... also at index 0, where the scan starts
+    p[0, 1:] = float("-inf")        # all -inf rows: token 0
+    drafts[0, 0] = 0
     assert all(torch.equal(a, b) for a, b in zip(ext.accept_scan(p, drafts, None, None, 1),
                                                  cuda.accept_scan_ref(p, drafts)))
 
