@@ -48,8 +48,8 @@ def try_load_target(path, device, dtype):
 
 
 def usable(method, folders, th):
-    """The first folder with a usable checkpoint for `method`, or None (missing, or stale: trained
-    for another target, th being this target's hash)."""
+    """The first folder with a usable checkpoint for `method`, or None (missing, unreadable, of
+    another kind, or stale: trained for another target, th being this target's hash)."""
     for d in folders:
         path = os.path.join(d, CKPT[method])
         if not os.path.exists(path):
@@ -57,7 +57,7 @@ def usable(method, folders, th):
         if method == "draft":  # a small target: only the tokenizer must match (its loader checks)
             return d
         try:
-            if load_checkpoint(path).get("target_hash") == th:
+            if load_checkpoint(path, kind=method).get("target_hash") == th:
                 return d
             print(f"{method}: {path} was trained for another target, not using it")
         except ValueError as e:

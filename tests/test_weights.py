@@ -169,6 +169,14 @@ def test_a_corrupt_checkpoint_does_not_hide_a_good_one(tmp_path):
     assert weights.usable("eagle", [str(tmp_path / "a"), str(tmp_path / "b")], "abc") == str(tmp_path / "b")
 
 
+def test_a_checkpoint_of_another_kind_is_not_used(tmp_path, capsys):
+    """An eagle checkpoint saved as dflash.pt is refused when found, like a corrupt file, not when
+    loaded later, where bench would add an unrelated hint to the error."""
+    save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="abc"))
+    assert weights.usable("dflash", [str(tmp_path)], "abc") is None
+    assert "is a 'eagle' checkpoint, expected 'dflash'" in capsys.readouterr().out
+
+
 def test_mtp_in_out_weights_is_found_when_the_target_has_no_heads(tmp_path, monkeypatch):
     ref, th = committed(tmp_path, monkeypatch)
     outw = tmp_path / "out" / "tiny" / "weights"
