@@ -47,7 +47,9 @@ import weights
 from model import PRESETS, check_writable, get_device
 from speculate import METHODS, generate, load_drafter
 
-REPEAT_WARN = 0.15  # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
+# a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
+# real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
+REPEAT_WARN = 0.15
 
 
 def die(msg):
@@ -361,8 +363,8 @@ def get_parser():
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu); "
                    "a preset without committed weights (only cpu has them) trains its models first")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16 on cuda only; "
-                   "greedy output equals plain decoding's up to near-ties of the rounding's size (~1e-5 in float32, "
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (default: float32; "
+                   "bfloat16 on cuda only); greedy output equals plain decoding's up to near-ties of the rounding's size (~1e-5 in float32, "
                    "~0.1 in bfloat16; README, Troubleshooting)")
     g.add_argument("--weights", default=None, help="use the checkpoints in this folder (target.pt, draft.pt, mtp.pt, "
                    "eagle.pt, dflash.pt) and train nothing")

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 
 @dataclass
-class Config:
+class Config:  # placeholder sizes: every model is built from a PRESETS entry below
     vocab_size: int = 4098     # tokenizer ranks + <|endoftext|> + <|mask|>
     n_layer: int = 6           # transformer blocks
     n_head: int = 6            # query heads
@@ -201,7 +201,8 @@ class Transformer(nn.Module):
         """idx (B, T) token ids. With a cache, the tokens are appended after each row's
         current length and the cache advances by T; without one, positions start at 0.
         Returns logits (B, T, V) (or (B, 1, V) with last_only) and the list of hidden
-        states (B, T, C) at the requested layer indices (0 = embedding, i = block i)."""
+        states (B, T, C) at the requested layer indices (0 = embedding, i = block i), in depth
+        order, each layer once, whatever the order of hidden_layers."""
         B, T = idx.shape
         if cache is None:
             if T > self.cfg.max_seq_len:

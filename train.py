@@ -12,8 +12,9 @@ often they repeat their own 8-grams, against the real code. A target that loops 
 drafter look brilliant, so this number decides whether a benchmark on it means anything.
 
 Until it finishes, a run saves every --save-minutes minutes (2) and every --save-every steps
-(500) to <out>.run.pt (out/cpu/target.run.pt), never to the checkpoint itself, so a killed run
-cannot pass for a finished target; --resume <out>.run.pt continues it. The finished checkpoint
+(500) to the checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint
+itself, so a killed run cannot pass for a finished target; --resume out/cpu/target.run.pt
+continues it. The finished checkpoint
 keeps its optimizer, so --resume can also extend it with a larger --max-steps.
 
 About 355 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
@@ -306,7 +307,7 @@ def get_parser():
     g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
     g.add_argument("--resume", default=None, help="checkpoint to continue, with the flags it was started with: a "
-                   "killed run's <out>.run.pt (see --save-minutes), or a finished one to extend with a "
+                   "killed run's OUT/<preset>/target.run.pt (see --save-minutes), or a finished one to extend with a "
                    "larger --max-steps or --minutes (the schedule then stretches from where the run is, which is not "
                    "the run the larger budget would have made); it continues the clock, schedule and batch stream, "
                    "so with --max-steps on a CPU a killed run ends bit for bit as it would have")
@@ -331,7 +332,8 @@ def get_parser():
     g.add_argument("--eval-every", type=int, default=50, help="steps between validation evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches per evaluation")
     g.add_argument("--save-every", type=int, default=500, help="steps between saves of the run in "
-                   "progress to <out>.run.pt (0 = by --save-minutes only)")
+                   "progress to the checkpoint's path with .run.pt, e.g. OUT/<preset>/target.run.pt (0 = by "
+                   "--save-minutes only)")
     g.add_argument("--save-minutes", type=float, default=SAVE_MINUTES, help="also save the run in progress once "
                    "this many minutes have passed since its last save, so that a kill loses at most that plus one "
                    "step (0 = by --save-every only; both 0 = no run file: the finished checkpoint is written at the end)")

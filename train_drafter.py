@@ -257,6 +257,7 @@ def main(args):
     print(f"{args.method}: {n_params / 1e6:.2f}M trainable params, target layers {model.hidden_layers}")
     train_feats = cached_features(target, train, model.hidden_layers)
     val_feats = cached_features(target, val, model.hidden_layers)
+    # betas as train.py's; the light weight decay (train.py's default is 0.1) was not swept
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     budget, warm = args.minutes * 60, 0.04
     order = torch.Generator().manual_seed(args.seed)  # the data order
@@ -344,7 +345,8 @@ def get_parser():
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens the target generates per prompt")
     g.add_argument("--distill-temperatures", default="0,1", type=temperature_list,
-                   help="temperatures of the continuations, cycled per batch")
+                   help="temperatures of the continuations, cycled over the generation batches of 32 "
+                   "continuations")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time only)")

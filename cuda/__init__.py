@@ -12,7 +12,7 @@ and the bindings.
 
 The extension is built on first use with torch.utils.cpp_extension.load into out/cuda_build/
 (git-ignored): with a CUDA device, ext.cpp + both .cu files (nvcc); without one, ext.cpp
-alone with -UWITH_CUDA (g++ only), which serves CPU tensors with plain loops, so CI builds
+alone, without -DWITH_CUDA (g++ only), which serves CPU tensors with plain loops, so CI builds
 and tests the same binding. Which path runs, by tensor device and DFLASH_CUDA_EXT:
 
     DFLASH_CUDA_EXT   CUDA tensors            CPU tensors

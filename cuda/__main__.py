@@ -166,7 +166,7 @@ BIG_SHAPES = {  # timed at B = 1 (launch-bound) and B = 32: the cpu preset's dra
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check")
+    ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all", help="which op to check (default: all)")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     ap.add_argument("--repeat", type=int, default=None, help="timed runs per row (default: 100 on cuda, 20 on cpu)")
     ap.add_argument("--emu", action="store_true", help="validate the CUDA kernels' code emulated on the CPU "

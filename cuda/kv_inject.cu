@@ -1,6 +1,7 @@
 // kv_inject: write new context K/V of ALL drafter layers into the DFlash drafter's cache at
 // per-row offsets, rotating K by RoPE at the absolute positions, in one launch
-// (DESIGN.md sec. 6 "KV injection", sec. 7). Replaces L scatters + L RoPE calls per step.
+// (DESIGN.md sec. 6 "KV injection", sec. 7). Replaces the reference's
+// RoPE + gather + nonzero + index_put (cuda.kv_inject_ref, with its host syncs).
 //
 // For every l, b, h and t < counts[b], with pos = offsets[b] + t:
 //   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)     (rotate-half, as model.apply_rope)
