@@ -297,6 +297,9 @@ def test_a_cut_near_the_end_of_a_file_is_skipped(monkeypatch):
     text = "x = 1\n" * 50 + "def f(x):\n    y = x\n    z = y\n    w = z\n" + "return w\n" * 5
     monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text)]))
     assert data.heldout_samples(1) == []
+    # blank lines at the end of the file are no continuation either (what is left is 44 characters)
+    monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text + "\n" * 300)]))
+    assert data.heldout_samples(1) == []
 
 
 def test_heldout_samples_spread_over_the_three_roots():

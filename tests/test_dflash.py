@@ -92,6 +92,8 @@ def test_loss_decay_gamma_weights_the_block_positions():
         df.gamma = gamma
         assert torch.allclose(df.loss(target, tokens, feats, anchors)[0], want, atol=1e-5), gamma
     assert DFlash(target.cfg, block_size=16).gamma == 7.0 and DFlash(target.cfg, gamma=3.0).config_dict()["gamma"] == 3.0
+    # the paper's decay per block size (DESIGN sec. 6), not 7 for every size
+    assert [DFlash(target.cfg, block_size=S).gamma for S in (8, 10)] == [4.0, 5.0]
 
 
 @torch.no_grad()
@@ -244,7 +246,8 @@ def test_sampled_anchors_leave_a_label_and_a_context_position():
 @torch.no_grad()
 def test_loss_samples_n_anchors_distinct_anchors_per_row():
     """Sampled anchors: n_anchors of them per row, distinct within a row, in [lo, T - 2] with
-    lo = max(1, label_from - 1), and over many draws every position of that range comes up."""
+    lo = max(1, label_from - 1), drawn for each row on its own, and over many draws every
+    position of that range comes up."""
     target, df = setup(block_size=4)
     T = 20
     tokens = torch.randint(0, 97, (3, T), generator=torch.Generator().manual_seed(0))
@@ -265,6 +268,8 @@ def test_loss_samples_n_anchors_distinct_anchors_per_row():
                 for row in anchors.tolist():
                     assert len(set(row)) == n_anchors and all(lo <= a <= T - 2 for a in row), row
             assert set(torch.cat(seen).flatten().tolist()) == set(range(lo, T - 1))
+            # drawn per row: rows of one batch do not all share the same anchors
+            assert any(len({tuple(r) for r in anchors.tolist()}) > 1 for anchors in seen)
 
 
 @torch.no_grad()

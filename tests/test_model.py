@@ -1,4 +1,5 @@
 """Target model and KV cache: cached decoding must equal the naive full recompute."""
+import os
 from dataclasses import replace
 
 import torch
@@ -236,11 +237,13 @@ def test_get_device_refuses_what_this_machine_cannot_run():
 def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
     from model import export_checkpoint
     save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict={"w": torch.ones(2)},
+                                                 mtp_state_dict={"m": torch.ones(2)},
                                                  optimizer={"state": {0: torch.ones(3)}},
                                                  batch_rng=torch.Generator().get_state()))
     export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
     ck = load_checkpoint(str(tmp_path / "b.pt"))
     assert not {"optimizer", "batch_rng"} & set(ck) and ck["state_dict"]["w"].dtype == torch.bfloat16
+    assert ck["mtp_state_dict"]["m"].dtype == torch.bfloat16  # a target's native MTP heads shrink too
 
 
 def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):
@@ -266,6 +269,12 @@ def test_naive_generate_slides_past_the_context():
     out = generate(m, prompt, 8)
     ids = prompt + out[:-1]
     assert len(out) == 8 and out[-1] == int(m(torch.tensor([ids[-T:]]))[0][0, -1].argmax())
+    # every token from exactly the last T tokens: the last token of the repeating prompt above
+    # came out the same from a window one token short; every token of a random prompt does not
+    prompt = torch.randint(0, 97, (T - 2,), generator=torch.Generator().manual_seed(0)).tolist()
+    out = generate(m, prompt, 8)
+    ids = prompt + out
+    assert out == [int(m(torch.tensor([ids[:i][-T:]]))[0][0, -1].argmax()) for i in range(T - 2, T + 6)]
 
 
 def test_draft_presets_share_their_targets_context():
@@ -313,3 +322,17 @@ def test_help_shows_each_default_once():
     assert "how many (default: 16)" in text and "rate (default: per method) " in text
     assert "a name (default x) " in text and "go fast " in text and "where" in text
     assert text.count("default") == 3
+
+
+def test_check_writable_refuses_a_folder_path_and_an_unwritable_folder(tmp_path, monkeypatch):
+    """Refused before a run, not at its save: a path that names a folder, existing or not
+    ("new/": save_checkpoint's torch.save then fails on the file name new/.tmp), and a
+    path whose nearest existing folder is not writable (faked: as root every folder is)."""
+    from model import check_writable
+    check_writable(str(tmp_path / "new" / "deeper" / "t.pt"))  # missing folders are created at the save
+    for folder in (str(tmp_path), str(tmp_path / "new") + os.sep):
+        with pytest.raises(ValueError, match="is a folder"):
+            check_writable(folder)
+    monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)
+    with pytest.raises(ValueError, match="is not writable"):
+        check_writable(str(tmp_path / "new" / "t.pt"))

@@ -351,3 +351,68 @@ def test_claim_run_file_owns_the_file_it_resumed_from_and_only_that(tmp_path, ca
     assert claim(run_file, 500) and capsys.readouterr().out == ""
     assert claim(None, 500) and "which this new run replaces" in capsys.readouterr().out
     assert claim(None, 0, 2.0) and "which this new run replaces" in capsys.readouterr().out
+
+
+def test_get_batch_draws_windows_of_seq_len_plus_one_consecutive_tokens():
+    """Each row is seq_len + 1 consecutive tokens of the stream: inputs xy[:, :-1] and their
+    next tokens xy[:, 1:]. One token short, every step would silently train on seq_len - 1
+    positions, and the model's last position (max_seq_len - 1) never."""
+    import numpy as np
+    xy = train.get_batch(np.arange(1000, dtype=np.uint16), 8, 16, torch.Generator().manual_seed(0), "cpu")
+    assert xy.shape == (8, 17) and xy.dtype == torch.int64
+    assert torch.equal(xy - xy[:, :1], torch.arange(17).expand(8, 17))
+
+
+def test_a_resumed_run_continues_the_clock(tmp_path):
+    """--resume continues the time budget, not only the step count: a run saved with its
+    --minutes used up takes no further step (the clock restarting would hand it a whole new
+    budget). --max-steps 4 would allow two more steps; only the clock ends it at 2."""
+    data.prepare()
+    flags = ["--preset", "tiny", "--minutes", "1", "--seq-len", "16", "--batch-size", "2", "--eval-batches", "1",
+             "--quality-prompts", "0", "--threads", "1", "--device", "cpu", "--out-path", str(tmp_path / "t.pt")]
+    train.main(train.get_parser().parse_args(flags + ["--max-steps", "2"]))
+    ck = load_checkpoint(str(tmp_path / "t.pt"))
+    ck["elapsed"] = 61.0  # past the 1-minute budget
+    save_checkpoint(str(tmp_path / "late.pt"), ck)
+    train.main(train.get_parser().parse_args(flags + ["--max-steps", "4", "--resume", str(tmp_path / "late.pt")]))
+    assert load_checkpoint(str(tmp_path / "t.pt"))["step"] == 2
+
+
+@pytest.mark.parametrize("flag, value", [("preset", "cpu"), ("seed", 9), ("batch_size", 9), ("seq_len", 9), ("lr", 0.1),
+                                         ("min_lr_frac", 0.5), ("warmup_steps", 9), ("weight_decay", 0.5),
+                                         ("grad_clip", 0.5), ("mtp_depth", 1), ("mtp_lambda", 0.5)])
+def test_resume_refuses_each_flag_that_shapes_a_target_run(tmp_path, flag, value):
+    """Every flag that shapes the run is compared on --resume, refused before any work (written
+    out here, not read from RUN_FLAGS, so that a flag dropped there is caught: another --seq-len
+    or --mtp-depth went on training the saved run under the new value without a word)."""
+    data.prepare()
+    parse = lambda *a: train.get_parser().parse_args(["--preset", "tiny", "--minutes", "1", "--quality-prompts", "0",
+                                                      "--out-path", str(tmp_path / "t.pt"), *a])
+    run_file = str(tmp_path / "t.run.pt")
+    save_checkpoint(run_file, dict(kind="target", config={}, state_dict={}, args=vars(parse()), step=0, elapsed=0.0))
+    args = parse("--resume", run_file)
+    setattr(args, flag, value)
+    with pytest.raises(ValueError, match="another run.*--" + flag.replace("_", "-")):
+        train.main(args)
+
+
+def test_a_seq_len_past_the_context_is_refused_before_the_model_is_built(tmp_path):
+    """One token past the context (the default --seq-len is all of it) is refused up front, not
+    by the first training step's forward after the model and data are set up."""
+    data.prepare()
+    parse = lambda n: train.get_parser().parse_args(["--preset", "tiny", "--seq-len", str(n), "--minutes", "1",
+                                                     "--quality-prompts", "0", "--out-path", str(tmp_path / "t.pt")])
+    with pytest.raises(ValueError, match=r"--seq-len 257 is outside the model's context \(1..256\)"):
+        train.main(parse(257))
+
+
+def test_resume_takes_only_a_target_checkpoint(tmp_path):
+    """A drafter's run file passed to train.py --resume is refused by its kind, in one line, not
+    by a TypeError from building a target out of the drafter's config."""
+    data.prepare()
+    args = train.get_parser().parse_args(["--preset", "tiny", "--minutes", "1", "--quality-prompts", "0",
+                                          "--out-path", str(tmp_path / "t.pt"), "--resume", str(tmp_path / "d.pt")])
+    save_checkpoint(str(tmp_path / "d.pt"), dict(kind="dflash", config=dict(n_layer=2, block_size=16), state_dict={},
+                                                 args=vars(args), step=0, elapsed=0.0))
+    with pytest.raises(ValueError, match="is a 'dflash' checkpoint, expected 'target'"):
+        train.main(args)
