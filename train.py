@@ -45,7 +45,7 @@ SAVE_MINUTES = 2.0
 
 def get_batch(tokens, batch_size, seq_len, gen, device):
     """Random windows of seq_len+1 tokens from a token memmap -> (B, T+1) int64."""
-    ix = torch.randint(len(tokens) - seq_len - 1, (batch_size,), generator=gen).tolist()
+    ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=gen).tolist()  # starts 0..len-T-1
     x = np.stack([tokens[i:i + seq_len + 1].astype(np.int64) for i in ix])
     return torch.from_numpy(x).to(device)
 

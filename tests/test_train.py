@@ -361,6 +361,9 @@ def test_get_batch_draws_windows_of_seq_len_plus_one_consecutive_tokens():
     xy = train.get_batch(np.arange(1000, dtype=np.uint16), 8, 16, torch.Generator().manual_seed(0), "cpu")
     assert xy.shape == (8, 17) and xy.dtype == torch.int64
     assert torch.equal(xy - xy[:, :1], torch.arange(17).expand(8, 17))
+    # every window can come up, the last one too (its last token is the stream's last)
+    xy = train.get_batch(np.arange(12, dtype=np.uint16), 64, 10, torch.Generator().manual_seed(0), "cpu")
+    assert set(xy[:, 0].tolist()) == {0, 1}
 
 
 def test_a_resumed_run_continues_the_clock(tmp_path):
