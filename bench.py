@@ -364,8 +364,8 @@ def get_parser():
     g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu); "
                    "a preset without committed weights (only cpu has them) trains its models first")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (default: float32; "
-                   "bfloat16 on cuda only); greedy output equals plain decoding's up to near-ties of the rounding's size (~1e-5 in float32, "
-                   "~0.1 in bfloat16; README, Troubleshooting)")
+                   "bfloat16 on cuda only); greedy output equals plain decoding's up to near-ties of the rounding's "
+                   "size (~1e-5 in float32, ~0.1 in bfloat16; README, Troubleshooting)")
     g.add_argument("--weights", default=None, help="use the checkpoints in this folder (target.pt, draft.pt, mtp.pt, "
                    "eagle.pt, dflash.pt) and train nothing")
     g.add_argument("--target", default=None, help="with --weights: the target checkpoint, when it is not DIR/target.pt "

@@ -17,11 +17,11 @@ chain of D modules drafts D tokens. Each module attends causally over all earlie
 so each keeps a KV cache of its own. Module k's entry at position p is exact only when its
 input token x_{p+k} is committed, i.e. p <= N-1-k: each propose() first catches every module
 up on positions that became exact, runs the draft chain, then rolls the tentative entries
-back. Confidence gating (bench.py's `--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4 engine):
-draft at most N tokens, and stop a row's chain after the first module at which its top-1 vs
-top-2 raw-logit margin is below M (that module's draft is still proposed); a stopped row leaves
-its later slots empty (NO_DRAFT) while other rows draft on, and the chain ends when every row
-has stopped.
+back. Confidence gating (bench.py's `--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4
+engine): draft at most N tokens, and stop a row's chain after the first module at which its
+top-1 vs top-2 raw-logit margin is below M (that module's draft is still proposed); a stopped
+row leaves its later slots empty (NO_DRAFT) while other rows draft on, and the chain ends when
+every row has stopped.
 
 Size: ~200 lines against DESIGN's ~150, because it holds both ways of training (native inside
 train.py, post-hoc as PostHocMTP) and the drafter's per-module caches with their catch-up on

@@ -14,8 +14,8 @@ drafter look brilliant, so this number decides whether a benchmark on it means a
 Until it finishes, a run saves every --save-minutes minutes (2) and every --save-every steps
 (500) to the checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint
 itself, so a killed run cannot pass for a finished target; --resume out/cpu/target.run.pt
-continues it. The finished checkpoint
-keeps its optimizer, so --resume can also extend it with a larger --max-steps.
+continues it. The finished checkpoint keeps its optimizer, so --resume can also extend it with
+a larger --max-steps.
 
 About 355 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
 run (~40, whose flag check and run-file claim train_drafter.py shares) live here too.

@@ -184,7 +184,8 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
                                       int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
   const int64_t b = blockIdx.x, K1 = K + 1;
   __shared__ int s_n;
-  if (threadIdx.x == 0) {  // K is small (15 for a 16-slot DFlash block): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
+  // K is small (15 for a 16-slot DFlash block): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
+  if (threadIdx.x == 0) {
     int n = K;
     for (int i = 0; i < K; i++) {
       const int64_t d = drafts[b * K + i];
