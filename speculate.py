@@ -44,9 +44,9 @@ propose returns (README: "Write a drafter of your own" is a short example).
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
 About 500 lines against DESIGN's ~350: the loop (generate) is ~190 of them (with continuous
-batching); the reference acceptance scan, the two drafters that read no target features (ngram, which
-needs no training, and a small draft model, trained like any LM by train.py --preset
-cpu-draft), the loader of every drafter and the CLI share the file.
+batching); the reference acceptance scan, the two drafters that read no target features
+(ngram, which needs no training, and a small draft model, trained like any LM by train.py
+--preset cpu-draft), the loader of every drafter and the CLI share the file.
 """
 
 import argparse
