@@ -1033,3 +1033,147 @@ def test_accept_scan_wrapper_asks_for_the_promoted_kernel_version(monkeypatch):
     cuda.accept_scan(p, drafts, q, u)
     assert seen == [cuda.DEFAULT_VERSION]
 
+
+# -----------------------------------------------------------------------------
+# argument checks and self-check accounting (found by a mutation audit: each test below fails
+# when the check or the count it names is dropped or weakened)
+
+def test_kv_inject_refuses_malformed_arguments(built):
+    """ext.cpp's shape/layout checks guard loops and kernels that index raw pointers: each
+    malformed argument must be refused, not read with the wrong strides. Tensors here are
+    larger than expected (never smaller), so a dropped check shows as silence, not as a read
+    past the end."""
+    good = make_kv_case(1, 2, 2, 8, 10, 4)  # L, B, H, D, T_max, T_new
+
+    def call(i, value, *more):
+        args = list(good)
+        args[i:i + 1 + len(more)] = [value, *more]
+        built.kv_inject(*args)
+
+    with pytest.raises(RuntimeError, match="new_k must be"):  # H + 1 heads
+        call(2, torch.zeros(1, 2, 4, 3, 8), torch.zeros(1, 2, 4, 3, 8))
+    with pytest.raises(RuntimeError, match="offsets and counts must be"):  # B + 1 counts
+        call(5, torch.tensor([0, 4, 0]))
+    with pytest.raises(RuntimeError, match="cos, sin must be"):  # sin with more rows than cos
+        call(7, torch.cat([good[7], good[7][:2]]))
+    strided = torch.stack([good[6], good[6]], -1)[..., 0]  # cos's values, not contiguous
+    with pytest.raises(RuntimeError, match="contiguous"):
+        call(6, strided, strided.clone())
+    assert good[0].isnan().all() and good[1].isnan().all()  # nothing written by any of them
+
+
+def test_kv_inject_host_refuses_a_negative_count_and_rope_tables_one_row_short(ext):
+    """The host path's exact bounds, at the edge: a count of -1 (the reference refuses it; a
+    dropped counts >= 0 lets it write nothing, silently), and RoPE tables one row shorter than
+    the last row needs (off + count = P + 1: a check weakened by one reads cos[P])."""
+    args = list(make_kv_case(1, 2, 2, 8, 10, 4))  # the last row writes slots 6..9
+    bad = {"counts": (5, torch.tensor([0, -1])), "RoPE": (6, args[6][:9], args[7][:9])}
+    for message, (i, *values) in bad.items():
+        call = list(args)
+        call[i:i + len(values)] = values
+        with pytest.raises(ValueError):
+            cuda.kv_inject_ref(*call)
+        with pytest.raises(RuntimeError, match=message):
+            ext.kv_inject(*call)
+    assert args[0].isnan().all() and args[1].isnan().all()
+
+
+def test_accept_scan_refuses_malformed_arguments(built):
+    """drafts, uniforms and q with one column too many are refused (the loops and kernels take
+    K and V from p and would read them with the wrong row strides)."""
+    p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
+    with pytest.raises(RuntimeError, match="drafts must be"):
+        built.accept_scan(p, torch.cat([drafts, drafts[:, :1]], 1), q, u, 1)
+    with pytest.raises(RuntimeError, match="uniforms must be"):
+        built.accept_scan(p, drafts, q, torch.cat([u, u[:, :1]], 1), 1)
+    with pytest.raises(RuntimeError, match="q must be"):
+        built.accept_scan(p, drafts, torch.cat([q, q[:, :, :1]], 2), u, 1)
+
+
+@pytest.mark.parametrize("use_q", [False, True])
+def test_accept_scan_rejects_a_draft_whose_ratio_test_ties(built, use_q):
+    """u * q(d) == p(d) is a rejection (accept iff u * q(d) < p(d), the reference's strict <):
+    random uniforms never tie, so this row makes one. Rejected, draft 0 leaves the residual
+    (0, .5, 0, 0): token 1; a <= would accept it and sample the bonus row (token 2)."""
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]])
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]]) if use_q else None  # q one-hot at the draft: the same test
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, q, u)] == [[0], [1]]
+    assert [t.tolist() for t in built.accept_scan(p, drafts, q, u, 1)] == [[0], [1]]
+
+
+def test_self_check_counts_a_wrong_n_accepted_and_a_stray_value_write(ext):
+    """The self-check's rows must count every output: n_accepted as well as the token, and the
+    V cache as well as the K cache (test_self_check_exits_non_zero_... breaks only the token
+    and the K cache)."""
+    import cuda.__main__ as selfcheck
+
+    class Broken:
+        def accept_scan(self, *args):
+            n, nxt = ext.accept_scan(*args)
+            n[0] += 1
+            return n, nxt
+
+        def kv_inject(self, cache_k, cache_v, *args):
+            ext.kv_inject(cache_k, cache_v, *args)
+            cache_v[:, 0, :, -1] = 0.0  # row 0 has no new tokens: the reference leaves it NaN
+
+    for mode in MODES:
+        assert selfcheck.check_accept_scan(Broken(), (3, 15, 97), mode, 1, torch.float32, "cpu", 0)[0] == 1
+    L, B, H, D, T_max, T_new = shape = (3, 3, 1, 16, 40, 7)
+    assert selfcheck.check_kv_inject(Broken(), shape, torch.float32, "cpu", 0)[:2] == (L * H * D, float("inf"))
+
+
+def test_accept_cases_leave_the_last_rows_tail_empty():
+    """Every path's random cases reach the empty-slot rule (NO_DRAFT = -1) only through this."""
+    for mode in MODES:
+        drafts = make_accept_case(3, 15, 97, mode)[1]
+        assert (drafts[-1, 7:] == -1).all() and (drafts[:, :7] >= 0).all() and (drafts[:2] >= 0).all()
+
+
+def test_accept_scan_emulated_kernel_sums_the_total_in_double(emu):
+    """Catches pass 1 (the total) accumulated per thread in float32: thread 0 holds token 0
+    (0.5) and tokens 512, 1024, ... 3584 (2^-26 each), which a float32 partial of 0.5 drops. In
+    double the total rounds to 1 + 2^-23, the target u * total to 1.0, and the first running
+    sum above 1.0 is token 2560 (1 + 5 * 2^-26); a total of 1.0 would give token 1."""
+    V = 4099
+    p = torch.zeros(1, 2, V)
+    p[0, 0, 3] = 1.0                                # draft 3 accepted: the bonus row is sampled
+    p[0, 1, 0] = p[0, 1, 1] = 0.5
+    p[0, 1, 512:4096:512] = 2.0 ** -26
+    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, None, u)] == [[1], [2560]]
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [2560]]
+
+
+def test_accept_scan_token_0_is_a_draft_not_an_empty_slot(built):
+    """Only a negative draft is an empty slot (NO_DRAFT = -1): a draft of token 0 is tested
+    like any other. The random cases rarely draft token 0 where it decides anything."""
+    p = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]])  # p_1(0) = 1: draft 0 accepted
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    for q in (None, torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])):
+        assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, q, u)] == [[1], [2]]  # the bonus token
+        assert [t.tolist() for t in built.accept_scan(p, drafts, q, u, 1)] == [[1], [2]]
+
+
+def test_accept_scan_greedy_nan_at_index_0_beats_a_later_nan(built):
+    """torch.argmax takes the FIRST NaN: one at index 0 (where the host's one-pass scan starts
+    from) must win over a later one, not only over numbers."""
+    p = torch.zeros(2, 1, 8)
+    p[:, 0, 5] = float("nan")
+    p[0, 0, 0] = float("nan")
+    drafts = torch.zeros(2, 0, dtype=torch.long)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        assert [t.tolist() for t in cuda.accept_scan_ref(p.to(dtype), drafts)] == [[0, 0], [0, 5]]
+        assert [t.tolist() for t in built.accept_scan(p.to(dtype), drafts, None, None, 1)] == [[0, 0], [0, 5]]
+
+
+def test_accept_scan_a_nan_residual_total_falls_back_to_p(built):
+    """The reference samples from p_n where the residual's total is not > 0, NaN included
+    (torch.where(total > 0, r, p_n)): a NaN in q at the rejected position, with p finite, gives
+    a token drawn from p (cdf .25, .5, .75, 1; target .5 -> token 2), not the NaN CDF's V - 1."""
+    p = torch.full((1, 2, 4), 0.25)
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    q = torch.tensor([[[1.0, float("nan"), 0.0, 0.0]]])  # u q(0) = .5 >= p(0): draft 0 rejected
+    assert [t.tolist() for t in cuda.accept_scan_ref(p, drafts, q, u)] == [[0], [2]]
+    assert [t.tolist() for t in built.accept_scan(p, drafts, q, u, 1)] == [[0], [2]]
