@@ -381,6 +381,13 @@ def test_a_resumed_run_continues_the_clock(tmp_path):
     assert load_checkpoint(str(tmp_path / "t.pt"))["step"] == 2
 
 
+def tiny_run(tmp_path, *flags):
+    """Parsed train.py flags of a tiny run writing tmp_path/t.pt (for tests that stop it early)."""
+    data.prepare()
+    return train.get_parser().parse_args(["--preset", "tiny", "--minutes", "1", "--quality-prompts", "0",
+                                          "--out-path", str(tmp_path / "t.pt"), *flags])
+
+
 @pytest.mark.parametrize("flag, value", [("preset", "cpu"), ("seed", 9), ("batch_size", 9), ("seq_len", 9), ("lr", 0.1),
                                          ("min_lr_frac", 0.5), ("warmup_steps", 9), ("weight_decay", 0.5),
                                          ("grad_clip", 0.5), ("mtp_depth", 1), ("mtp_lambda", 0.5)])
@@ -388,12 +395,10 @@ def test_resume_refuses_each_flag_that_shapes_a_target_run(tmp_path, flag, value
     """Every flag that shapes the run is compared on --resume, refused before any work (written
     out here, not read from RUN_FLAGS, so that a flag dropped there is caught: another --seq-len
     or --mtp-depth went on training the saved run under the new value without a word)."""
-    data.prepare()
-    parse = lambda *a: train.get_parser().parse_args(["--preset", "tiny", "--minutes", "1", "--quality-prompts", "0",
-                                                      "--out-path", str(tmp_path / "t.pt"), *a])
     run_file = str(tmp_path / "t.run.pt")
-    save_checkpoint(run_file, dict(kind="target", config={}, state_dict={}, args=vars(parse()), step=0, elapsed=0.0))
-    args = parse("--resume", run_file)
+    save_checkpoint(run_file, dict(kind="target", config={}, state_dict={}, args=vars(tiny_run(tmp_path)), step=0,
+                                   elapsed=0.0))
+    args = tiny_run(tmp_path, "--resume", run_file)
     setattr(args, flag, value)
     with pytest.raises(ValueError, match="another run.*--" + flag.replace("_", "-")):
         train.main(args)
@@ -402,19 +407,14 @@ def test_resume_refuses_each_flag_that_shapes_a_target_run(tmp_path, flag, value
 def test_a_seq_len_past_the_context_is_refused_before_the_model_is_built(tmp_path):
     """One token past the context (the default --seq-len is all of it) is refused up front, not
     by the first training step's forward after the model and data are set up."""
-    data.prepare()
-    parse = lambda n: train.get_parser().parse_args(["--preset", "tiny", "--seq-len", str(n), "--minutes", "1",
-                                                     "--quality-prompts", "0", "--out-path", str(tmp_path / "t.pt")])
     with pytest.raises(ValueError, match=r"--seq-len 257 is outside the model's context \(1..256\)"):
-        train.main(parse(257))
+        train.main(tiny_run(tmp_path, "--seq-len", "257"))
 
 
 def test_resume_takes_only_a_target_checkpoint(tmp_path):
     """A drafter's run file passed to train.py --resume is refused by its kind, in one line, not
     by a TypeError from building a target out of the drafter's config."""
-    data.prepare()
-    args = train.get_parser().parse_args(["--preset", "tiny", "--minutes", "1", "--quality-prompts", "0",
-                                          "--out-path", str(tmp_path / "t.pt"), "--resume", str(tmp_path / "d.pt")])
+    args = tiny_run(tmp_path, "--resume", str(tmp_path / "d.pt"))
     save_checkpoint(str(tmp_path / "d.pt"), dict(kind="dflash", config=dict(n_layer=2, block_size=16), state_dict={},
                                                  args=vars(args), step=0, elapsed=0.0))
     with pytest.raises(ValueError, match="is a 'dflash' checkpoint, expected 'target'"):
