@@ -72,11 +72,20 @@ def test_kv_inject_ref_matches_loop(shape, dtype):
     assert (~args[0].isnan()).sum() == args[0].shape[0] * shape[2] * shape[3] * int(args[5].sum())
 
 
+def replaced(args, i, *values):
+    """A copy of the argument list with args[i], args[i + 1], ... = values."""
+    args = list(args)
+    args[i:i + len(values)] = values
+    return args
+
+
 def test_kv_inject_ref_checks_bounds():
-    args = list(make_kv_case(1, 2, 1, 8, 10, 4))
-    args[4] = torch.tensor([0, 7])  # row 1 would write slots 7..10 with T_max = 10
-    with pytest.raises(ValueError):
-        cuda.kv_inject_ref(*args)
+    args = make_kv_case(1, 2, 2, 8, 10, 4)  # the last row writes slots 6..9
+    for bad in (replaced(args, 4, torch.tensor([0, 7])),          # row 1 would write slots 7..10 with T_max = 10
+                replaced(args, 5, torch.tensor([0, -1])),         # a negative count
+                replaced(args, 6, args[6][:9], args[7][:9])):     # RoPE tables one row short of slot 9
+        with pytest.raises(ValueError):
+            cuda.kv_inject_ref(*bad)
 
 
 # -----------------------------------------------------------------------------
@@ -100,12 +109,10 @@ def test_kv_inject_built(built, shape, dtype):
 
 
 def test_kv_inject_host_checks(ext):
-    good = make_kv_case(1, 2, 2, 8, 10, 4)
+    good = make_kv_case(1, 2, 2, 8, 10, 4)  # the last row writes slots 6..9
 
-    def call(i, value, *more):  # good arguments with args[i] = value (and args[i+1] = more[0] ...)
-        args = list(good)
-        args[i:i + 1 + len(more)] = [value, *more]
-        ext.kv_inject(*args)
+    def call(i, *values):  # good arguments with args[i], args[i + 1], ... = values
+        ext.kv_inject(*replaced(good, i, *values))
 
     with pytest.raises(RuntimeError, match="outside the cache"):
         call(4, torch.tensor([0, 7]))                      # offsets: row 1 runs past T_max
@@ -113,8 +120,12 @@ def test_kv_inject_host_checks(ext):
         call(4, torch.tensor([0, 2 ** 63 - 2]))            # offset + count wraps to a negative int64
     with pytest.raises(RuntimeError, match="counts"):
         call(5, torch.tensor([0, 5]))                      # counts > T_new
+    with pytest.raises(RuntimeError, match="counts"):
+        call(5, torch.tensor([0, -1]))                     # a negative count (dropped, it writes nothing, silently)
     with pytest.raises(RuntimeError, match="RoPE"):
         call(6, good[6][:5], good[7][:5])                  # tables too short (P = 5)
+    with pytest.raises(RuntimeError, match="RoPE"):
+        call(6, good[6][:9], good[7][:9])                  # one row short (off + count = P + 1 would read cos[P])
     with pytest.raises(RuntimeError, match="dtype"):
         call(2, good[2].double())
     with pytest.raises(RuntimeError, match="contiguous"):
@@ -123,6 +134,7 @@ def test_kv_inject_host_checks(ext):
         ext.kv_inject(torch.zeros(1, 1, 1, 4, 3), torch.zeros(1, 1, 1, 4, 3), torch.zeros(1, 1, 1, 1, 3),
                       torch.zeros(1, 1, 1, 1, 3), torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long),
                       torch.zeros(4, 1), torch.zeros(4, 1))
+    assert good[0].isnan().all() and good[1].isnan().all()  # nothing written by any of them
 
 
 def test_kv_inject_refuses_a_negative_offset(ext):
@@ -203,8 +215,7 @@ def test_accept_scan_host_covers_cases():
 def test_accept_scan_host_greedy_low_precision_and_nan(ext, dtype):
     p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=dtype, seed=3)
     p[1, 2, [5, 9]] = float("nan")  # torch.argmax: NaN is the maximum, first NaN wins
-    p[0, 0, 0] = float("nan")       # ... also at index 0, where the scan starts
-    p[0, 1:] = float("-inf")        # all -inf rows: token 0
+    p[0] = float("-inf")            # all -inf rows: token 0, so draft 0 is accepted and the next row answers 0
     drafts[0, 0] = 0
     assert all(torch.equal(a, b) for a, b in zip(ext.accept_scan(p, drafts, None, None, 1),
                                                  cuda.accept_scan_ref(p, drafts)))
@@ -1045,10 +1056,8 @@ def test_kv_inject_refuses_malformed_arguments(built):
     past the end."""
     good = make_kv_case(1, 2, 2, 8, 10, 4)  # L, B, H, D, T_max, T_new
 
-    def call(i, value, *more):
-        args = list(good)
-        args[i:i + 1 + len(more)] = [value, *more]
-        built.kv_inject(*args)
+    def call(i, *values):
+        built.kv_inject(*replaced(good, i, *values))
 
     with pytest.raises(RuntimeError, match="new_k must be"):  # H + 1 heads
         call(2, torch.zeros(1, 2, 4, 3, 8), torch.zeros(1, 2, 4, 3, 8))
@@ -1060,22 +1069,6 @@ def test_kv_inject_refuses_malformed_arguments(built):
     with pytest.raises(RuntimeError, match="contiguous"):
         call(6, strided, strided.clone())
     assert good[0].isnan().all() and good[1].isnan().all()  # nothing written by any of them
-
-
-def test_kv_inject_host_refuses_a_negative_count_and_rope_tables_one_row_short(ext):
-    """The host path's exact bounds, at the edge: a count of -1 (the reference refuses it; a
-    dropped counts >= 0 lets it write nothing, silently), and RoPE tables one row shorter than
-    the last row needs (off + count = P + 1: a check weakened by one reads cos[P])."""
-    args = list(make_kv_case(1, 2, 2, 8, 10, 4))  # the last row writes slots 6..9
-    bad = {"counts": (5, torch.tensor([0, -1])), "RoPE": (6, args[6][:9], args[7][:9])}
-    for message, (i, *values) in bad.items():
-        call = list(args)
-        call[i:i + len(values)] = values
-        with pytest.raises(ValueError):
-            cuda.kv_inject_ref(*call)
-        with pytest.raises(RuntimeError, match=message):
-            ext.kv_inject(*call)
-    assert args[0].isnan().all() and args[1].isnan().all()
 
 
 def test_accept_scan_refuses_malformed_arguments(built):
