@@ -361,6 +361,8 @@ def get_parser():
                    "methods x two temperatures within 1-4 min on 2 cores with the committed weights (default: %(default)s)")
     g = p.add_argument_group("model and weights")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: 0 = torch's choice, "
+                   "one per core); on a busy machine 1 runs several times faster (README, Troubleshooting)")
     g.add_argument("--preset", default=None, choices=list(PRESETS), help="model preset (default: gpu on cuda, else cpu); "
                    "a preset without committed weights (only cpu has them) trains its models first")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype (default: float32; "
@@ -394,7 +396,7 @@ def check_args(args):
             "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
-            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0)}
+            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0), "--threads": (args.threads, 0)}
     for flag, (value, low) in lows.items():
         if not value >= low:  # NaN too
             die(f"{flag} must be >= {low}, got {value}")
@@ -450,6 +452,8 @@ def load_methods(args, methods, named, device, dtype):
 def main(argv=None):
     args = get_parser().parse_args(argv)
     temps, sizes, methods, named = check_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         if args.prompts:
             texts, source = data.read_prompts_file(args.prompts), args.prompts

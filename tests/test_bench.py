@@ -107,6 +107,15 @@ def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights
     assert "prompts   2 from held-out prompts (weights/heldout_prompts.jsonl)" in capsys.readouterr().out
 
 
+def test_threads_sets_torchs_thread_count(weights, capsys):
+    try:  # the suite runs on one thread (conftest.py); 2 shows that the flag took effect
+        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+                    "--n-prompts", "1", "--max-new-tokens", "2", "--threads", "2"])
+        assert torch.get_num_threads() == 2 and ", 2 torch threads" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_the_card_and_json_name_the_preset_the_target_was_trained_as(weights, tmp_path, capsys):
     # --preset picks where bench looks for weights; with --weights DIR it says nothing of the target
     bench.main(["--weights", str(weights), "--preset", "cpu", "--methods", "ar", "--temperatures", "0",
@@ -162,6 +171,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--weights", "w", "--retrain"], "--weights DIR trains nothing"),
     (["--target", "t.pt"], "--target names the target for the drafters in --weights DIR"),
     (["--K", "0"], "--K must be >= 1, got 0"),
+    (["--threads", "-1"], "--threads must be >= 0, got -1"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),

@@ -867,6 +867,18 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
     assert "8 verify passes | acceptance per position: - - - -" in out
 
 
+def test_cli_threads_sets_torchs_thread_count(tmp_path, monkeypatch, capsys):
+    save_tiny(tmp_path / "t.pt")
+    try:  # the suite runs on one thread (conftest.py); 2 shows that the flag took effect
+        run_cli(tmp_path, monkeypatch, capsys, "--max-new-tokens", "2", "--threads", "2")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(SystemExit) as e:
+        run_cli(tmp_path, monkeypatch, capsys, "--threads", "-1")
+    assert e.value.code == 2 and "--threads must be >= 0, got -1" in capsys.readouterr().err
+
+
 def test_cli_runs_dflash_on_the_committed_weights_from_any_directory(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "speculate.py"), "--device", "cpu"]
     r = subprocess.run(cmd + ["--method", "dflash", "--prompt", "def parse(line):", "--max-new-tokens", "24", "--check"],
