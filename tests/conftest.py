@@ -1,6 +1,8 @@
 """Shared pytest setup: the repo root and tests/ on sys.path (so plain `pytest` works as well as
-`python -m pytest`), one CPU thread for the tiny test models, and a time limit per test."""
+`python -m pytest`), one CPU thread for the tiny test models, a time limit per test, and
+run_script, a script's command line run in this process."""
 import os
+import runpy
 import signal
 import sys
 
@@ -8,7 +10,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.dirname(HERE), HERE):
+ROOT = os.path.dirname(HERE)
+for path in (ROOT, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
@@ -50,3 +53,27 @@ def fail_a_hung_test(request):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """run(script, *argv, cwd=None) runs `python script argv...` (its __main__ block) in this
+    process, for the cases that must end in one line -> (exit status, stdout, stderr) as the
+    interpreter would give them. No interpreter start and torch import per case (2-4 s each on
+    2 cores); the random state and thread count are restored. It must end in SystemExit: any
+    other exception escaping is what a traceback would have been, and fails the test as itself."""
+    def run(script, *argv, cwd=None):
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [script, *argv])
+        threads = torch.get_num_threads()
+        try:
+            with torch.random.fork_rng(devices=[]), pytest.raises(SystemExit) as e:
+                runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+        finally:
+            torch.set_num_threads(threads)
+        out, code = capsys.readouterr(), e.value.code
+        if isinstance(code, str):  # SystemExit("error: ..."): the message to stderr, status 1
+            return 1, out.out, out.err + code + "\n"
+        return code or 0, out.out, out.err
+    return run

@@ -2,7 +2,6 @@
 import hashlib
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
@@ -318,12 +317,11 @@ def test_heldout_prompts_takes_the_seed():
                                            (["--measure", "0"], "must be >= 256 .* got 0"),
                                            (["--bpe-every", "0"], "--bpe-every must be >= 1"),
                                            (["--out-dir", "FILE"], "is a file, not a folder")])
-def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, message):
+def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, message, run_script):
     """Each of these ended in a traceback (a PanicException from the BPE for --vocab-size 100)."""
     (tmp_path / "FILE").write_text("x")
     flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
-    r = subprocess.run([sys.executable, os.path.join(data.ROOT, "data.py"), *flags],  # (no --train-tokenizer:
-                       # a check that failed to refuse would retrain the committed tokenizer)
-                       cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 1 and re.search(message, r.stderr) and "Traceback" not in r.stderr, r.stderr[-800:]
-    assert "corpus:" not in r.stdout  # refused before any work
+    # (no --train-tokenizer: a check that failed to refuse would retrain the committed tokenizer)
+    rc, out, err = run_script("data.py", *flags, cwd=tmp_path)
+    assert rc == 1 and re.search(message, err), err[-800:]
+    assert "corpus:" not in out  # refused before any work

@@ -169,11 +169,11 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
 
 @pytest.mark.parametrize("prompt,max_new,message", [("", 8, "empty prompt"), ("x = 1\n" * 200, 8, "exceeds the context"),
                                                     ("def f(", 0, "--max-new-tokens must be >= 1")])
-def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
+def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message, run_script):
     save_tiny(tmp_path / "t.pt")
-    r = subprocess.run([sys.executable, "model.py", "--ckpt", str(tmp_path / "t.pt"), "--prompt", prompt,
-                        "--max-new-tokens", str(max_new)], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode != 0 and message in r.stderr, r.stderr[-500:]
+    rc, _, err = run_script("model.py", "--ckpt", str(tmp_path / "t.pt"), "--prompt", prompt,
+                            "--max-new-tokens", str(max_new))
+    assert rc != 0 and message in err, err[-500:]
 
 
 @pytest.mark.parametrize("cmd,message", [(["train_drafter.py", "--method", "dflash", "--target", "missing.pt"], "no such checkpoint"),
@@ -185,21 +185,20 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message):
                                          (["train_drafter.py", "--method", "mtp", "--max-steps", "-2"], "--max-steps must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--seq-len", "5000"], "outside the model's context"),
                                          (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
-def test_training_clis_give_one_line_errors(tmp_path, cmd, message):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+def test_training_clis_give_one_line_errors(tmp_path, cmd, message, run_script):
+    rc, _, err = run_script(*cmd, cwd=tmp_path)
+    assert rc == 1 and message in err, err[-800:]
 
 
-def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, run_script):
     """A folder named as the output file used to fail at the save, after the training."""
     (tmp_path / "a_file").write_text("x")
     for cmd in (["train.py", "--preset", "tiny", "--max-steps", "1", "--out-path", str(tmp_path)],
                 ["train_drafter.py", "--method", "mtp", "--max-steps", "1", "--out-dir", str(tmp_path / "a_file")],
                 ["model.py", "--export", str(tmp_path)]):
-        r = subprocess.run([sys.executable, os.path.join(ROOT, cmd[0]), *cmd[1:]], cwd=tmp_path, capture_output=True,
-                           text=True)
-        assert r.returncode == 1 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
-        assert "step" not in r.stdout and "distill" not in r.stdout, r.stdout[-800:]  # nothing ran first
+        rc, out, err = run_script(*cmd, cwd=tmp_path)
+        assert rc == 1 and str(tmp_path) in err, err[-800:]
+        assert "step" not in out and "distill" not in out, out[-800:]  # nothing ran first
 
 
 @pytest.mark.parametrize("cmd,started,run_file", [
