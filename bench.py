@@ -396,7 +396,8 @@ def check_args(args):
             "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
-            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0), "--threads": (args.threads, 0)}
+            "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0),
+            "--threads": (args.threads, 0)}
     for flag, (value, low) in lows.items():
         if not value >= low:  # NaN too
             die(f"{flag} must be >= {low}, got {value}")
