@@ -4,9 +4,10 @@ or `dflash` (draft_diffusion.py).
 
 1. Self-distillation data: the target's own continuations of training prompts, generated in
    batches through the KV cache (speculate.generate, plain decoding) and cached in
-   --out-dir as distill_<target hash>_<settings>.pt. A drafter should learn what *this*
-   target says, not what the corpus says: that is what its drafts are verified against
-   (DFlash sec. 4, EAGLE).
+   --out-dir as distill_<target hash>_<settings>.pt (the sequences made so far wait in
+   .train.part.pt / .val.part.pt until then, so that a killed run's next try continues them).
+   A drafter should learn what *this* target says, not what the corpus says: that is what its
+   drafts are verified against (DFlash sec. 4, EAGLE).
    By default half the continuations are greedy (T = 0) and half sampled (T = 1), because
    the benchmark runs at both temperatures and a weak target's greedy text loops.
 2. Training: the target stays frozen (embedding and head included); its hidden states on the
@@ -29,14 +30,15 @@ or `dflash` (draft_diffusion.py).
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
-~390 lines instead of ~300: resuming a killed run (~50 lines) lives here, since a drafter at the
-committed budget trains for 60-175 minutes (README, "The reference weights"): a killed one
-should not start over.
+~445 lines instead of ~300: resuming a killed run (~95 lines, its distillation included) lives
+here, since a drafter at the committed budget trains for 60-175 minutes after ~9 minutes of
+distillation (README, "The reference weights"): a killed one should not start over.
 """
 
 import argparse
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -50,25 +52,66 @@ from train import SAVE_MINUTES, check_args, check_run_flags, claim_run_file, eta
 # -----------------------------------------------------------------------------
 # self-distillation data
 
+class DistillInterrupted(KeyboardInterrupt):
+    """Ctrl-C while distilling: the run has no state to --resume yet, but its data so far is kept."""
+
+
 @torch.no_grad()
-def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train", batch=32):
-    """(n_seqs, prompt_len + gen_len) int64: random corpus windows continued by the target."""
+def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train", batch=32,
+                       part=None, save_minutes=0.0):
+    """(n_seqs, prompt_len + gen_len) int64: random corpus windows continued by the target.
+    With part (a file), the sequences made so far are saved there every save_minutes and on
+    Ctrl-C, and a later call with the same arguments continues from them: it redraws the prompt
+    windows of the batches already made without continuing them, so the rest is what the
+    uninterrupted call would have made (on the same device and threads)."""
     from speculate import generate
     tokens = data.load_tokens(split)
     g = torch.Generator().manual_seed(seed)
-    out, t0 = [], time.time()
-    for i in range(0, n_seqs, batch):
-        nb = min(batch, n_seqs - i)
-        ix = torch.randint(len(tokens) - prompt_len, (nb,), generator=g).tolist()
-        prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix]
-        temp = temperatures[(i // batch) % len(temperatures)]
-        cont, _ = generate(target, prompts, None, max_new_tokens=gen_len, temperature=temp, seed=seed + i)
-        out += [p + c for p, c in zip(prompts, cont)]
-        done = i + nb
-        eta = (time.time() - t0) / done * (n_seqs - done)
-        print(f"\rdistill ({split}): {done}/{n_seqs} sequences | ETA {eta:.0f} s", end="", flush=True)
+    out = kept_rows(part, n_seqs, prompt_len + gen_len) if part else []
+    if out:
+        print(f"distill ({split}): continuing from the {len(out)} sequences kept in {part}")
+    made_before, t0, t_saved = len(out), time.time(), time.time()
+    try:
+        for i in range(0, n_seqs, batch):
+            nb = min(batch, n_seqs - i)
+            ix = torch.randint(len(tokens) - prompt_len, (nb,), generator=g).tolist()
+            if i < made_before:
+                continue  # made before: only its draw from g is repeated
+            prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix]
+            temp = temperatures[(i // batch) % len(temperatures)]
+            cont, _ = generate(target, prompts, None, max_new_tokens=gen_len, temperature=temp, seed=seed + i)
+            out += [p + c for p, c in zip(prompts, cont)]
+            eta = (time.time() - t0) / (len(out) - made_before) * (n_seqs - len(out))
+            print(f"\rdistill ({split}): {len(out)}/{n_seqs} sequences | ETA {eta:.0f} s", end="", flush=True)
+            if part and save_minutes and time.time() - t_saved >= save_minutes * 60:
+                save_checkpoint(part, {"rows": torch.tensor(out)})
+                t_saved = time.time()
+    except KeyboardInterrupt:
+        if not part:
+            raise
+        if len(out) > made_before:
+            save_checkpoint(part, {"rows": torch.tensor(out)})
+        kept = f"the {len(out)} {split} sequences made so far are kept in {part}" if out else "none was made yet"
+        raise DistillInterrupted(f"{kept}; the same command continues from there") from None
     print()
+    if part and len(out) > made_before:  # a finished split is kept too: Ctrl-C in the next loses only that
+        save_checkpoint(part, {"rows": torch.tensor(out)})
     return torch.tensor(out)
+
+
+def kept_rows(part, n_seqs, width):
+    """The rows an interrupted distillation kept in part, as lists; [] when there is no such file
+    or it does not fit (its name holds the settings, so a misfit is a damaged file)."""
+    if not os.path.exists(part):
+        return []
+    try:
+        rows = torch.load(part, weights_only=True)["rows"]
+    except Exception:
+        rows = None
+    if not (isinstance(rows, torch.Tensor) and rows.ndim == 2 and rows.shape[1] == width and len(rows) <= n_seqs):
+        print(f"distill: {part} is not usable; starting over")
+        return []
+    return rows.tolist()
 
 
 def temperature_list(text):
@@ -90,9 +133,15 @@ def get_distill_data(target, args, target_hash):
         print(f"distill: reusing {path}")
         d = torch.load(path, weights_only=True)
         return d["train"], d["val"]
-    train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed)
-    val = build_distill_data(target, args.n_val_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed + 1, split="val")
+    part = lambda split: f"{path[:-3]}.{split}.part.pt"  # the sequences so far of an interrupted build
+    train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed,
+                               part=part("train"), save_minutes=args.save_minutes)
+    val = build_distill_data(target, args.n_val_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed + 1,
+                             split="val", part=part("val"), save_minutes=args.save_minutes)
     save_checkpoint(path, {"train": train, "val": val})
+    for split in ("train", "val"):
+        if os.path.exists(part(split)):
+            os.remove(part(split))
     return train, val
 
 
@@ -358,7 +407,7 @@ def get_parser():
                    "out-dir/<method>.run.pt, removed when the run finishes (0 = by --save-minutes only)")
     g.add_argument("--save-minutes", type=float, default=SAVE_MINUTES, help="also save the run in progress once "
                    "this many minutes have passed since its last save, so that a kill loses at most that plus "
-                   "one step (0 = by --save-every only; both 0 = never)")
+                   "one step (0 = by --save-every only; both 0 = never); the distillation data made so far too")
     g.add_argument("--resume", default=None, metavar="RUN", help="continue a killed run from its <method>.run.pt, "
                    "with the same flags; exact with --max-steps on the same device and threads. --minutes and "
                    "--max-steps may change (the schedule then stretches from where the run is)")
@@ -389,5 +438,8 @@ if __name__ == "__main__":
         main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (device, target checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
+    except DistillInterrupted as e:  # no run state saved yet: --resume would find nothing
+        print(f"\ninterrupted while distilling; {e}", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         interrupted(run_path(drafter_path(args)))

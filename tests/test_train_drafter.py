@@ -216,7 +216,7 @@ def fake_distill(monkeypatch):
     return seen
 
 
-DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0", seed=0)
+DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0", seed=0, save_minutes=0.0)
 
 
 def test_distill_temperatures_cycle_per_batch(fake_distill):
@@ -235,6 +235,70 @@ def test_each_distillation_batch_samples_with_its_own_seed(fake_distill, monkeyp
     monkeypatch.setattr(speculate, "generate", gen)
     train_drafter.build_distill_data(None, 6, 4, 3, [1.0], seed=5, batch=2)
     assert len(seeds) == 3 and len(set(seeds)) == 3
+
+
+@pytest.fixture
+def stoppable_distill(fake_distill, monkeypatch):
+    """generate continues each prompt with tokens that depend on it and on the batch's seed, and
+    raises KeyboardInterrupt at call number calls["stop"]; calls["n"] counts the calls."""
+    calls = {"n": 0, "stop": None}
+
+    def gen(target, prompts, drafter, *, max_new_tokens, temperature=0.0, seed=None, **kw):
+        calls["n"] += 1
+        if calls["n"] == calls["stop"]:
+            raise KeyboardInterrupt
+        return [[(sum(p) + seed + k) % 50 for k in range(max_new_tokens)] for p in prompts], {}
+    monkeypatch.setattr(speculate, "generate", gen)
+    return calls
+
+
+def test_an_interrupted_distillation_continues_where_it_stopped(stoppable_distill, tmp_path, capsys):
+    """Ctrl-C in the second of three batches keeps the first in the part file; the next call
+    makes only the other two, and the data are what one uninterrupted call makes."""
+    build = lambda **kw: train_drafter.build_distill_data(None, 10, 4, 3, [0.0, 1.0], seed=3, batch=4, **kw)
+    whole = build()
+    part = str(tmp_path / "d.train.part.pt")
+    stoppable_distill.update(n=0, stop=2)
+    with pytest.raises(train_drafter.DistillInterrupted, match=f"the 4 train sequences made so far are kept in {part}"):
+        build(part=part)
+    assert torch.equal(torch.load(part)["rows"], whole[:4])
+    stoppable_distill.update(n=0, stop=None)
+    assert torch.equal(build(part=part), whole) and stoppable_distill["n"] == 2
+    assert "continuing from the 4 sequences kept in" in capsys.readouterr().out
+    save_checkpoint(part, {"rows": whole[:4, :5]})  # a damaged file is not used: the data are still the same
+    assert torch.equal(build(part=part), whole) and "is not usable; starting over" in capsys.readouterr().out
+    with open(part, "wb") as f:
+        f.write(b"not a torch file")
+    assert torch.equal(build(part=part), whole) and "is not usable; starting over" in capsys.readouterr().out
+
+
+def test_distillation_saves_its_progress_every_save_minutes(stoppable_distill, tmp_path, monkeypatch):
+    """Not only on Ctrl-C: a killed process (no KeyboardInterrupt) keeps what the last timed
+    save wrote. With --save-minutes 0 only Ctrl-C saves."""
+    part, real, seen = tmp_path / "d.train.part.pt", train_drafter.save_checkpoint, []
+    monkeypatch.setattr(train_drafter, "save_checkpoint", lambda path, obj: seen.append(len(obj["rows"])) or real(path, obj))
+    for minutes, timed in [(1e-9, [4, 8]), (0.0, [])]:
+        stoppable_distill.update(n=0, stop=3)
+        part.unlink(missing_ok=True)
+        seen.clear()
+        with pytest.raises(train_drafter.DistillInterrupted):
+            train_drafter.build_distill_data(None, 12, 4, 3, [0.0], batch=4, part=str(part), save_minutes=minutes)
+        assert seen == timed + [8]  # the timed saves, then the one on Ctrl-C
+    stoppable_distill.update(n=0, stop=None)  # a finished split is saved too (the next one may be cut short)
+    rows = train_drafter.build_distill_data(None, 12, 4, 3, [0.0], batch=4, part=str(part))
+    assert torch.equal(torch.load(part)["rows"], rows) and len(rows) == 12
+
+
+def test_the_part_files_go_once_the_distillation_data_is_saved(stoppable_distill, tmp_path):
+    args = argparse.Namespace(**{**DISTILL, "out_dir": str(tmp_path), "n_seqs": 64, "n_val_seqs": 40})
+    stoppable_distill.update(n=0, stop=4)  # the val split's second batch of 32
+    with pytest.raises(train_drafter.DistillInterrupted, match="the 32 val sequences"):
+        train_drafter.get_distill_data(None, args, "abc")
+    assert sorted(p.name.split(".")[-3] for p in tmp_path.glob("*.part.pt")) == ["train", "val"]
+    stoppable_distill.update(n=0, stop=None)
+    train, val = train_drafter.get_distill_data(None, args, "abc")
+    assert stoppable_distill["n"] == 1 and train.shape == (64, 7) and val.shape == (40, 7)
+    assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.glob("distill_*_seed0.pt")]
 
 
 def test_validation_distill_data_comes_from_the_val_split(fake_distill, tmp_path):
