@@ -201,17 +201,23 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
         assert "step" not in out and "distill" not in out, out[-800:]  # nothing ran first
 
 
+TINY_RUN = ["train.py", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--eval-every", "1",
+            "--eval-batches", "1", "--quality-prompts", "0", "--out-path", "OUT/t.pt"]
+SMALL_DISTILL = ["--n-seqs", "8", "--n-val-seqs", "2", "--gen-len", "16", "--eval-every", "1"]
+
+
 @pytest.mark.parametrize("cmd,started,said", [
-    (["train.py", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2", "--eval-every", "1", "--eval-batches", "1",
-      "--quality-prompts", "0", "--out-path", "OUT/t.pt"], "step ", "--resume OUT/t.run.pt"),
-    (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", "--n-seqs", "8",
-      "--n-val-seqs", "2", "--gen-len", "16", "--eval-every", "1"], "step ", "--resume OUT/mtp.run.pt"),
+    (TINY_RUN + ["--save-every", "1"], "OUT/t.run.pt", "--resume OUT/t.run.pt"),
+    (TINY_RUN, "step ", "interrupted before this run's first save to OUT/t.run.pt"),
+    (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", *SMALL_DISTILL, "--save-every", "1"],
+     "OUT/mtp.run.pt", "--resume OUT/mtp.run.pt"),
     (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", "--gen-len", "64"],
      "distill (train): 32/", "sequences made so far are kept in OUT/distill_")])
 def test_ctrl_c_says_how_to_continue(tmp_path, cmd, started, said):
-    """A real SIGINT once the run has started: one line on how to continue, exit 130, no
-    KeyboardInterrupt traceback. Training names the file --resume continues from; distilling,
-    which has no run state yet, names the file its sequences so far are kept in."""
+    """A real SIGINT once the run is under way (started: a line it printed, or a file it saved):
+    one line on how to continue, exit 130, no KeyboardInterrupt traceback. Training names the
+    file --resume continues from once it has saved there, and says there is nothing to resume
+    before; distilling, which has no run state yet, names the file its sequences so far are kept in."""
     save_tiny(tmp_path / "t.pt")
     argv = [a.replace("OUT", str(tmp_path)) for a in cmd]
     log = tmp_path / "log"
@@ -224,7 +230,10 @@ def test_ctrl_c_says_how_to_continue(tmp_path, cmd, started, said):
     signal.signal(signal.SIGINT, before)
     try:
         deadline = time.time() + 120
-        while not any(l.startswith(started) for l in log.read_text().splitlines()):  # the run is under way
+        started = started.replace("OUT", str(tmp_path))
+        under_way = lambda: os.path.exists(started) if started.endswith(".pt") else \
+            any(l.startswith(started) for l in log.read_text().splitlines())
+        while not under_way():
             assert p.poll() is None and time.time() < deadline, log.read_text()[-800:]
             time.sleep(0.1)
         p.send_signal(signal.SIGINT)
