@@ -160,12 +160,12 @@ def interrupted(run_file):
     the run file there is this run's is not known here (an older run's may sit there until
     this one's first save; --resume refuses it under other flags), so the line says what the
     run saves, not what it did; with no file there, --resume would find nothing."""
-    if not os.path.exists(run_file):
+    if os.path.exists(run_file):
+        print(f"\ninterrupted; this run saves to {run_file} (see --save-minutes), and --resume "
+              f"{run_file} continues from the last save there", file=sys.stderr)
+    else:
         print(f"\ninterrupted before this run's first save to {run_file} (see --save-minutes), so there is "
               f"nothing to --resume: the same command starts it again", file=sys.stderr)
-        sys.exit(130)
-    print(f"\ninterrupted; this run saves to {run_file} (see --save-minutes), and --resume "
-          f"{run_file} continues from the last save there", file=sys.stderr)
     sys.exit(130)
 
 

@@ -91,7 +91,8 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
             raise
         if len(out) > made_before:
             save_checkpoint(part, {"rows": torch.tensor(out)})
-        kept = f"the {len(out)} {split} sequences made so far are kept in {part}" if out else "none was made yet"
+        kept = (f"the {len(out)} {split} sequences made so far are kept in {part}" if out
+                else f"no {split} sequence was made yet")
         raise DistillInterrupted(f"{kept}; the same command continues from there") from None
     print()
     if part and len(out) > made_before:  # a finished split is kept too: Ctrl-C in the next loses only that
