@@ -545,5 +545,6 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:  # checkpoints, JSON and SVG are all written temp-then-rename
-        print("\ninterrupted: nothing half-written was left behind", file=sys.stderr)
+        print("\ninterrupted: nothing half-written was left behind, and the same command continues any "
+              "training it was doing (target, distillation, drafters) from its last save", file=sys.stderr)
         sys.exit(130)

@@ -497,3 +497,13 @@ def test_first_difference_gaps_only_for_greedy_rows(weights, prompts_file, capsy
     out = capsys.readouterr().out
     assert all(r["first_difference_gaps"] == [] for r in rows) and "NOTE" not in out
 
+
+
+def test_ctrl_c_is_one_line_on_what_was_kept(monkeypatch, run_script):
+    """Ctrl-C anywhere in bench (here while it looks for weights, where it trains what is
+    missing): exit 130 and one line, no KeyboardInterrupt traceback."""
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("weights.find_or_train", interrupt)
+    rc, out, err = run_script("bench.py", "--methods", "ar", "--n-prompts", "1")
+    assert rc == 130 and "nothing half-written was left behind" in err and "continues any training" in err, err
