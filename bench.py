@@ -282,8 +282,10 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
+    S = drafters["dflash"].block_size if drafters.get("dflash") else args.block_size  # None: dflash not run
     print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp {args.mtp_draft or 'its depth'}, "
-          f"dflash block {args.block_size} (K = {args.block_size - 1}) | timing: median of {args.repeats} run(s) after a warm-up")
+          f"dflash {f'block {S} (K = {S - 1})' if S else 'its trained block'} | timing: median of {args.repeats} "
+          "run(s) after a warm-up")
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
         if r > REPEAT_WARN:
@@ -340,8 +342,8 @@ def get_parser():
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
                    "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default: %(default)s)")
-    g.add_argument("--block-size", type=int, default=16, help="dflash block size S (drafts S-1); at "
-                   "most what it was trained for (default: %(default)s)")
+    g.add_argument("--block-size", type=int, default=None, help="dflash block size S (drafts S-1); at "
+                   "most what it was trained for (default: the block it was trained with, 16 for the committed one)")
     g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "
                    "so 1..its depth (default: all its modules)")
     g.add_argument("--mtp-margin", type=float, default=0.0, help="mtp: stop drafting once the top-1 vs top-2 logit "
@@ -393,7 +395,7 @@ def check_args(args):
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
     lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
-            "--block-size": (args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
+            "--block-size": (args.block_size or 2, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
             "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0),

@@ -510,3 +510,25 @@ def test_ctrl_c_is_one_line_on_what_was_kept(monkeypatch, run_script):
     except KeyboardInterrupt:  # escaping, it would stop the whole test run
         pytest.fail("Ctrl-C escaped bench.py's __main__: a traceback")
     assert rc == 130 and "nothing half-written was left behind" in err and "continues any training" in err, err
+
+
+def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys):
+    """bench's block follows the drafter's checkpoint, as speculate.py's does: the command
+    train_drafter.py prints after `--block-size 8` must measure a block of 8 (a default of 16
+    refused it; one of 24 would measure 16 without a word). --block-size still picks a smaller one."""
+    import draft_diffusion
+    save_tiny(tmp_path / "target.pt")
+    target = load_target(str(tmp_path / "target.pt"))
+    df = draft_diffusion.DFlash(target.cfg, n_layer=1, n_features=2, block_size=8)
+    save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
+                                                      target_hash=weights_hash(target.cfg, target.state_dict())))
+    run = lambda *flags: bench.main(["--target", str(tmp_path / "target.pt"), "--weights", str(tmp_path), "--methods",
+                                     "dflash", "--n-prompts", "1", "--max-new-tokens", "8", "--temperatures", "0",
+                                     "--json", str(tmp_path / "b.json"), *flags])
+    for flags, S in [((), 8), (("--block-size", "4"), 4)]:
+        run(*flags)
+        assert f"dflash block {S} (K = {S - 1})" in capsys.readouterr().out
+        assert [r["K"] for r in json.loads((tmp_path / "b.json").read_text())["results"]] == [0, S - 1]  # ar, dflash
+    with pytest.raises(SystemExit) as e:
+        run("--block-size", "9")
+    assert e.value.code == 2 and "outside what the drafter was trained for (2..8) (see --block-size)" in capsys.readouterr().err
