@@ -278,5 +278,5 @@ def load_drafter(target, out_dir, block_size=None, dflash_sample=True, **kw):
     model.to(target.head.weight).eval()
     dr = DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
     print(f"dflash: {model.n_layer} layers, features from target layers {model.hidden_layers}, "
-          f"block {dr.block_size} (trained {model.block_size}), {'sampled' if dflash_sample else 'argmax'} drafts")
+          f"block {dr.block_size} (trained {model.block_size}), {'sampled' if dflash_sample else 'argmax'} drafts ({path})")
     return dr

@@ -197,6 +197,8 @@ def load_drafter(target, out_dir, mtp_draft=None, mtp_margin=0.0, **kw):
     ck = getattr(target, "ckpt", {})
     if ck.get("mtp_state_dict"):
         depth, sd, src = ck["args"]["mtp_depth"], ck["mtp_state_dict"], "native (trained with the target)"
+        if os.path.exists(os.path.join(out_dir, "mtp.pt")):
+            src += f"; {os.path.join(out_dir, 'mtp.pt')}, post-hoc heads, is not used"
     else:
         path = os.path.join(out_dir, "mtp.pt")
         c = load_checkpoint(path, kind="mtp")

@@ -470,6 +470,8 @@ if __name__ == "__main__":
     from data import WEIGHTS_DIR
     parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
                         help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")
+    parser.add_argument("--weights", default=None, metavar="DIR", help="look the drafter up in DIR instead (e.g. "
+                        "out/cpu/weights, where train_drafter.py puts drafters for the committed target)")
     parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)} (default: %(default)s)")
     parser.add_argument("--prompt", default="def parse(", help="text to continue (default: %(default)r)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
@@ -496,8 +498,10 @@ if __name__ == "__main__":
             raise ValueError("-K sets how many tokens a drafter proposes per step; ar drafts none")
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
+        if args.weights is not None and args.method in ("ar", "ngram"):
+            raise ValueError(f"--weights names the folder a drafter is loaded from; {args.method} loads none")
         target = load_target(args.ckpt, device=get_device(args.device))
-        drafter = load_drafter(args.method, target, os.path.dirname(args.ckpt))
+        drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
         if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules
             raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")

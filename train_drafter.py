@@ -292,6 +292,9 @@ def main(args):
         args.dflash_features = dflash_features(args, target.cfg.n_layer)  # before the run flags are compared
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), device {device}")
+    if args.method == "mtp" and target.ckpt.get("mtp_state_dict"):  # mtp.load_drafter prefers them
+        print("NOTE: this target has native MTP heads, which bench.py and speculate.py use for mtp instead of "
+              "the post-hoc heads trained here")
     path = drafter_path(args)
     run_file = run_path(path)  # <method>.run.pt until it finishes
     resumed = load_run(args.resume, args, th) if args.resume else None

@@ -287,8 +287,9 @@ def test_losses_decrease_and_gradients_flow():
     assert all(b < 0.5 * a for a, b in zip(first, last)), (first, last)  # ln 97 = 4.6 -> memorised
 
 
-def test_train_py_with_native_mtp_runs(tmp_path):
-    """train.py --preset tiny --mtp-depth 2 for 3 small steps, then its native heads draft."""
+def test_train_py_with_native_mtp_runs(tmp_path, capsys):
+    """train.py --preset tiny --mtp-depth 2 for 3 small steps, then its native heads draft. They
+    win over post-hoc heads trained for it, and both train_drafter.py and the loader say so."""
     import data
     import train
     data.prepare()  # token bins into <repo>/out/data (about 10 s the first time, cached after)
@@ -305,6 +306,14 @@ def test_train_py_with_native_mtp_runs(tmp_path):
     prompt = [[1, 2, 3, 4], [5, 6]]
     outs, _ = speculate.generate(target, prompt, drafter, max_new_tokens=8, K=2)
     assert outs == [naive_generate(target, p, 8) for p in prompt]
+    import train_drafter
+    capsys.readouterr()
+    train_drafter.main(train_drafter.get_parser().parse_args(
+        ["--method", "mtp", "--target", path, "--mtp-depth", "3", "--n-seqs", "2", "--n-val-seqs", "1", "--prompt-len",
+         "4", "--gen-len", "4", "--max-steps", "1", "--batch-size", "2", "--device", "cpu"]))
+    assert "NOTE: this target has native MTP heads" in capsys.readouterr().out
+    assert mtp_lib.load_drafter(target, str(tmp_path)).mtp.depth == 2  # not the post-hoc 3
+    assert f"{tmp_path / 'mtp.pt'}, post-hoc heads, is not used" in capsys.readouterr().out
 
 
 def test_posthoc_weights_for_another_target_are_refused(tmp_path):

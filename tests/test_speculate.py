@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import cuda
+import model
 import speculate
 from data import ROOT
 from model import Config, PRESETS, Transformer, generate as naive_generate, logits_to_probs
@@ -867,6 +868,21 @@ def test_cli_check_sees_a_broken_verifier(tmp_path, monkeypatch, capsys):
     assert "8 verify passes | acceptance per position: - - - -" in out
 
 
+def test_cli_weights_names_the_drafters_folder(tmp_path, monkeypatch, capsys):
+    """A drafter trained for a target but kept elsewhere (train_drafter.py's out/cpu/weights
+    for the committed target) is used with --weights DIR, not the one beside --ckpt."""
+    save_tiny(tmp_path / "t.pt")
+    save_tiny(tmp_path / "draft.pt", seed=1, n_layer=1)
+    (tmp_path / "mine").mkdir()
+    save_tiny(tmp_path / "mine" / "draft.pt", seed=2, n_layer=2)
+    args = ("--method", "draft", "--prompt", "x = 1", "--max-new-tokens", "2")
+    loaded, real = [], model.load_target
+    monkeypatch.setattr(model, "load_target", lambda path, **kw: loaded.append(path) or real(path, **kw))
+    run_cli(tmp_path, monkeypatch, capsys, *args)
+    run_cli(tmp_path, monkeypatch, capsys, *args, "--weights", str(tmp_path / "mine"))
+    assert loaded == [str(tmp_path / f) for f in ("t.pt", "draft.pt", "t.pt", "mine/draft.pt")]
+
+
 def test_cli_threads_sets_torchs_thread_count(tmp_path, monkeypatch, capsys, run_script):
     save_tiny(tmp_path / "t.pt")
     try:  # the suite runs on one thread (conftest.py); 2 shows that the flag took effect
@@ -898,7 +914,9 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
                            (["--method", "medusa"], "unknown method 'medusa'"), (["--prompt", ""], "empty prompt"),
                            (["--method", "ngram", "-K", "0"], "K must be >= 1"),
                            (["--method", "ar", "-K", "4"], "ar drafts none"),
-                           (["--top-k", "5"], "--temperature 0 decodes greedily")]:
+                           (["--top-k", "5"], "--temperature 0 decodes greedily"),
+                           (["--method", "ngram", "--weights", str(tmp_path)], "ngram loads none"),
+                           (["--method", "eagle", "--weights", str(tmp_path)], f"{tmp_path / 'eagle.pt'}: no such checkpoint")]:
         rc, _, err = run_script("speculate.py", "--device", "cpu", *extra)  # the committed weights but for --ckpt
         assert rc == 1 and message in err, (extra, err[-800:])
 
