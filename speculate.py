@@ -215,6 +215,9 @@ class ModelDrafter:
         return self.model.n_params()
 
     def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
+        if tokens.shape[1] > self.model.cfg.max_seq_len:  # its positions run as far as the target's
+            raise ValueError(f"this run needs {tokens.shape[1]} positions (prompt + new tokens + draft headroom), "
+                             f"past the draft model's context of {self.model.cfg.max_seq_len}")
         self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
 
     def update(self, tokens, n, feats, n_new):

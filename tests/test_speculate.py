@@ -816,6 +816,18 @@ def test_a_drafter_of_the_wrong_shape_is_named_not_an_index_error():
     assert len(outs[0]) == 4  # K' < K with a matching q is within the contract
 
 
+def test_a_draft_model_with_a_shorter_context_is_refused_before_it_runs_out():
+    """A draft model of a smaller preset (context 16 here, the target's 256) would index past
+    its RoPE table mid-run (an IndexError after minutes of bench); the run says so up front,
+    and a run that fits its context goes ahead."""
+    target = random_target()
+    short = Transformer(Config(vocab_size=V, **{**PRESETS["tiny"], "n_layer": 1, "max_seq_len": 16})).eval()
+    with pytest.raises(ValueError, match="this run needs 17 positions .* past the draft model's context of 16"):
+        speculate.generate(target, [[1, 2, 3]], ModelDrafter(short), max_new_tokens=9, K=4)
+    outs, _ = speculate.generate(target, [[1, 2, 3]], ModelDrafter(short), max_new_tokens=8, K=4)
+    assert outs == [naive_generate(target, [1, 2, 3], 8)]
+
+
 def test_a_batch_larger_than_the_prompt_list():
     """bench.py --batch-sizes 1,4,16 with 10 prompts: the batch is the prompts there are."""
     batch = [list(p) for p in prompts("random")[:2]]
