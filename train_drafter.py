@@ -287,6 +287,9 @@ def main(args):
     target = load_target(args.target, device=device)
     for p in target.parameters():
         p.requires_grad_(False)
+    if args.prompt_len + args.gen_len >= target.cfg.max_seq_len:  # generate keeps one position free
+        raise ValueError(f"--prompt-len + --gen-len must be below the target's context of {target.cfg.max_seq_len}, "
+                         f"got {args.prompt_len} + {args.gen_len}")
     args.out_dir = args.out_dir or default_out_dir(args.target)
     if args.method == "dflash":
         args.dflash_features = dflash_features(args, target.cfg.n_layer)  # before the run flags are compared

@@ -183,6 +183,8 @@ def test_model_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message, run_s
                                          (["train.py", "--preset", "tiny", "--mtp-depth", "-1"], "--mtp-depth must be >= 0"),
                                          (["train.py", "--preset", "tiny", "--quality-prompts", "-1"], "--quality-prompts must be >= 0"),
                                          (["train_drafter.py", "--method", "mtp", "--max-steps", "-2"], "--max-steps must be >= 0"),
+                                         (["train_drafter.py", "--method", "mtp", "--gen-len", "320"],
+                                          "--prompt-len + --gen-len must be below the target's context of 384, got 64 + 320"),
                                          (["train.py", "--preset", "tiny", "--seq-len", "5000"], "outside the model's context"),
                                          (["train.py", "--preset", "tiny", "--device", "cuda:99"], "cuda:99")])
 def test_training_clis_give_one_line_errors(tmp_path, cmd, message, run_script):
