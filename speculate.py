@@ -504,7 +504,11 @@ if __name__ == "__main__":
         if args.weights is not None and args.method in ("ar", "ngram"):
             raise ValueError(f"--weights names the folder a drafter is loaded from; {args.method} loads none")
         target = load_target(args.ckpt, device=get_device(args.device))
-        drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
+        try:
+            drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{e} (drafters are looked up beside --ckpt, or in --weights DIR; train_drafter.py "
+                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft a draft model)") from None
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
         if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules
             raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")

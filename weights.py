@@ -98,7 +98,8 @@ def find(args, wanted, device, dtype):
         target_path, folders, train_dir = args.target or os.path.join(args.weights, "target.pt"), [args.weights], None
         target, why = try_load_target(target_path, device, dtype)
         if target is None:
-            raise Unusable(why)
+            hint = "" if args.target else " (--target FILE names a target kept elsewhere, e.g. weights/cpu/target.pt)"
+            raise Unusable(why + hint)
     elif not args.retrain and os.path.exists(os.path.join(ref_dir, "target.pt")):
         target_path = os.path.join(ref_dir, "target.pt")
         target, why = try_load_target(target_path, device, dtype)

@@ -377,6 +377,7 @@ def test_weights_dir_without_a_target_is_one_line(tmp_path, capsys):
             bench.main(argv + ["--preset", "tiny", "--methods", "ar"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "no such checkpoint" in err and err.count("\n") == 1 and "Traceback" not in err
+        assert ("--target FILE names a target kept elsewhere" in err) == ("--target" not in argv)  # a hint where it helps
 
 
 def test_bfloat16_needs_cuda(capsys):

@@ -928,7 +928,7 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
                            (["--method", "ar", "-K", "4"], "ar drafts none"),
                            (["--top-k", "5"], "--temperature 0 decodes greedily"),
                            (["--method", "ngram", "--weights", str(tmp_path)], "ngram loads none"),
-                           (["--method", "eagle", "--weights", str(tmp_path)], f"{tmp_path / 'eagle.pt'}: no such checkpoint")]:
+                           (["--method", "eagle", "--weights", str(tmp_path)], f"{tmp_path / 'eagle.pt'}: no such checkpoint (drafters are looked up beside --ckpt, or in --weights DIR")]:
         rc, _, err = run_script("speculate.py", "--device", "cpu", *extra)  # the committed weights but for --ckpt
         assert rc == 1 and message in err, (extra, err[-800:])
 
