@@ -254,7 +254,7 @@ def _sync(device):
 @torch.no_grad()
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
              K=4, stop_token=None, batch_size=None):
-    """Speculative decoding of a list of prompts (lists of token ids, any lengths).
+    """Speculative decoding of a list of prompts (token ids: lists, arrays or 1-D tensors, any lengths).
     drafter=None is plain autoregressive decoding through the same cache: the baseline.
     batch_size rows are decoded at once (default: all prompts). With fewer rows than prompts,
     a row whose prompt is done starts the next waiting one (continuous batching), so rows do
@@ -263,6 +263,12 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
     if not prompts or any(len(pr) == 0 for pr in prompts):
         raise ValueError("empty prompt list or empty prompt")
+    prompts = [torch.as_tensor(pr) for pr in prompts]
+    for i, pr in enumerate(prompts):  # else an IndexError deep in the embedding, or 1.5 read as 1
+        if pr.ndim != 1 or pr.dtype.is_floating_point or pr.dtype.is_complex or pr.dtype == torch.bool \
+                or not bool(((pr >= 0) & (pr < target.cfg.vocab_size)).all()):
+            raise ValueError(f"prompt {i}: token ids must be integers in 0..{target.cfg.vocab_size - 1} (the "
+                             f"target's vocabulary), one list per prompt")
     if not temperature >= 0:  # NaN too
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 1:
@@ -294,7 +300,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 
     tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
     for b, pr in enumerate(prompts[:B]):
-        tokens[b, :len(pr)] = torch.tensor(pr)
+        tokens[b, :len(pr)] = pr
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) each row's prompt length
     n = lens.clone()
     cache = target.new_cache(B, max_len=T_max)
@@ -333,7 +339,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
         t0, pr = time.perf_counter(), prompts[i]
-        tokens[b, :len(pr)] = torch.tensor(pr)
+        tokens[b, :len(pr)] = pr
         logits, hidden = target(tokens[b:b + 1, :len(pr)], cache.row(b), hidden_layers=layers)
         cache.lengths[b] = len(pr)
         nxt = pick(logits[:, -1])

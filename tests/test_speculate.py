@@ -20,6 +20,7 @@ import sys
 from collections import Counter
 from functools import lru_cache
 
+import numpy as np
 import pytest
 import torch
 
@@ -785,6 +786,10 @@ def test_bad_input_raises_clear_errors():
         gen([[1, 2]], temperature=1.0, top_k=0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         gen([[1, 2]], batch_size=0)
+    for bad in ([[1, V]], [[-1, 2]], [[1.5, 2]], [[True, False]], [[[1, 2]]]):  # out of the vocabulary, not ids, 2-D
+        with pytest.raises(ValueError, match=rf"prompt 0: token ids must be integers in 0\.\.{V - 1}"):
+            gen(bad)
+    assert gen([torch.tensor([1, 2]), np.array([3, 4])])[0] == gen([[1, 2], [3, 4]])[0]  # tensors and arrays are ids too
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
