@@ -261,7 +261,7 @@ def test_an_interrupted_distillation_continues_where_it_stopped(stoppable_distil
     stoppable_distill.update(n=0, stop=2)
     with pytest.raises(train_drafter.DistillInterrupted, match=f"the 4 train sequences made so far are kept in {part}"):
         build(part=part)
-    assert torch.equal(torch.load(part)["rows"], whole[:4])
+    assert torch.equal(torch.load(part, weights_only=True)["rows"], whole[:4])
     stoppable_distill.update(n=0, stop=None)
     assert torch.equal(build(part=part), whole) and stoppable_distill["n"] == 2
     assert "continuing from the 4 sequences kept in" in capsys.readouterr().out
@@ -286,7 +286,7 @@ def test_distillation_saves_its_progress_every_save_minutes(stoppable_distill, t
         assert seen == timed + [8]  # the timed saves, then the one on Ctrl-C
     stoppable_distill.update(n=0, stop=None)  # a finished split is saved too (the next one may be cut short)
     rows = train_drafter.build_distill_data(None, 12, 4, 3, [0.0], batch=4, part=str(part))
-    assert torch.equal(torch.load(part)["rows"], rows) and len(rows) == 12
+    assert torch.equal(torch.load(part, weights_only=True)["rows"], rows) and len(rows) == 12
 
 
 def test_the_part_files_go_once_the_distillation_data_is_saved(stoppable_distill, tmp_path):
