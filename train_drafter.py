@@ -71,6 +71,7 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     if out:
         print(f"distill ({split}): continuing from the {len(out)} sequences kept in {part}")
     made_before, t0, t_saved = len(out), time.time(), time.time()
+    keep = lambda: save_checkpoint(part, {"rows": torch.tensor(out)})  # what a later call continues from
     try:
         for i in range(0, n_seqs, batch):
             nb = min(batch, n_seqs - i)
@@ -84,19 +85,19 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
             eta = (time.time() - t0) / (len(out) - made_before) * (n_seqs - len(out))
             print(f"\rdistill ({split}): {len(out)}/{n_seqs} sequences | ETA {eta:.0f} s", end="", flush=True)
             if part and save_minutes and time.time() - t_saved >= save_minutes * 60:
-                save_checkpoint(part, {"rows": torch.tensor(out)})
+                keep()
                 t_saved = time.time()
     except KeyboardInterrupt:
         if not part:
             raise
         if len(out) > made_before:
-            save_checkpoint(part, {"rows": torch.tensor(out)})
+            keep()
         kept = (f"the {len(out)} {split} sequences made so far are kept in {part}" if out
                 else f"no {split} sequence was made yet")
         raise DistillInterrupted(f"{kept}; the same command continues from there") from None
     print()
     if part and len(out) > made_before:  # a finished split is kept too: Ctrl-C in the next loses only that
-        save_checkpoint(part, {"rows": torch.tensor(out)})
+        keep()
     return torch.tensor(out)
 
 
