@@ -269,7 +269,7 @@ def trained_preset(target):
     return (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")
 
 
-def print_card(args, device, dtype, target, target_path, drafters, source, n_prompts, repeats):
+def print_card(args, device, dtype, target, target_path, drafters, Ks, source, n_prompts, repeats):
     print("\n" + "=" * 100)
     u = platform.uname()
     print(f"machine   {platform.processor() or u.machine} | {u.system} {u.release} | {os.cpu_count()} cores, "
@@ -282,9 +282,9 @@ def print_card(args, device, dtype, target, target_path, drafters, source, n_pro
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
-    S = drafters["dflash"].block_size if drafters.get("dflash") else args.block_size  # None: dflash not run
-    print(f"drafts    K = {args.K} for ngram/draft/eagle, mtp {args.mtp_draft or 'its depth'}, "
-          f"dflash {f'block {S} (K = {S - 1})' if S else 'its trained block'} | timing: median of {args.repeats} "
+    runs = ", ".join(f"{m} {Ks[m]}" + (f" (block {d.block_size})" if m == "dflash" else "")
+                     for m, d in drafters.items() if d)  # only what runs: mtp its depth, dflash its block - 1
+    print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of {args.repeats} "
           "run(s) after a warm-up")
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
@@ -525,7 +525,7 @@ def main(argv=None):
                                 drafter_params=params(d), repeat8=repeat8(o), K=Ks[m],
                                 first_difference_gaps=first_difference_gaps(target, prompts, o, ar_o) if T == 0 else []))
 
-    print_card(args, device, dtype, target, target_path, drafters, source, len(prompts),
+    print_card(args, device, dtype, target, target_path, drafters, Ks, source, len(prompts),
                {T: repeat8(table["ar", T][0]) for T in temps})
     print_table(results, sweep, sizes, temps[0], len(prompts))
     if args.json:

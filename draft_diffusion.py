@@ -268,7 +268,7 @@ class DFlashDrafter:
         return logits.argmax(-1), None
 
 
-def load_drafter(target, out_dir, block_size=None, dflash_sample=True, **kw):
+def load_drafter(target, out_dir, block_size=None, dflash_sample=True):
     path = os.path.join(out_dir, "dflash.pt")
     ck = load_checkpoint(path, kind="dflash")
     if ck["target_hash"] != weights_hash(target.cfg, target.state_dict()):

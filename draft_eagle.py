@@ -245,7 +245,7 @@ class EagleDrafter:
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V) | None
 
 
-def load_drafter(target, out_dir, **kw):
+def load_drafter(target, out_dir):
     """out_dir/eagle.pt (train_drafter.py --method eagle), checked against this target."""
     path = os.path.join(out_dir, "eagle.pt")
     ckpt = load_checkpoint(path, kind="eagle")

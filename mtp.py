@@ -116,6 +116,8 @@ class MTPDrafter:
         n_draft = mtp.depth if n_draft is None else n_draft
         if not 1 <= n_draft <= mtp.depth:
             raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, not {n_draft}")
+        if not margin >= 0:  # a negative margin would gate nothing, as 0 does: say so instead
+            raise ValueError(f"the mtp confidence margin must be >= 0 (0: no gate), got {margin}")
         self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
         self.default_K = self.max_K = n_draft  # one draft per module, no more
@@ -192,7 +194,7 @@ class MTPDrafter:
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
 
 
-def load_drafter(target, out_dir, mtp_draft=None, mtp_margin=0.0, **kw):
+def load_drafter(target, out_dir, mtp_draft=None, mtp_margin=0.0):
     """Native heads stored in the target checkpoint win; else the post-hoc ones in out_dir/mtp.pt."""
     ck = getattr(target, "ckpt", {})
     if ck.get("mtp_state_dict"):

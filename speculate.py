@@ -50,6 +50,7 @@ batching); the reference acceptance scan, the two drafters that read no target f
 """
 
 import argparse
+import operator
 import time
 
 import torch
@@ -170,6 +171,8 @@ class NgramDrafter:
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
+        if not 1 <= min_n <= n:  # else no key length is tried and it never drafts
+            raise ValueError(f"ngram keys need 1 <= min_n <= n, got n={n}, min_n={min_n}")
         self.max_n, self.min_n = n, min_n
 
     def prefill(self, tokens, n, feats):
@@ -253,14 +256,21 @@ def _sync(device):
 
 @torch.no_grad()
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
-             K=4, stop_token=None, batch_size=None):
+             K=None, stop_token=None, batch_size=None):
     """Speculative decoding of a list of prompts (token ids: lists, arrays or 1-D tensors, any lengths).
     drafter=None is plain autoregressive decoding through the same cache: the baseline.
     batch_size rows are decoded at once (default: all prompts). With fewer rows than prompts,
     a row whose prompt is done starts the next waiting one (continuous batching), so rows do
     not idle while the slowest of a fixed batch finishes.
     Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded), one per
-    prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
+    prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included.
+    K (drafts per step) defaults to the drafter's default_K (else 4) and is capped at its max_K
+    (dflash: its block - 1; mtp: its modules), as the drafter itself would cap it."""
+    def whole(name, v, what="an integer"):  # 2.0 or "4" would fail deep in torch, or slice silently
+        try:
+            return operator.index(v)
+        except TypeError:
+            raise TypeError(f"{name} must be {what}, got {v!r}") from None
     if not prompts or any(len(pr) == 0 for pr in prompts):
         raise ValueError("empty prompt list or empty prompt")
     prompts = [torch.as_tensor(pr) for pr in prompts]
@@ -271,15 +281,26 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                              f"target's vocabulary), one list per prompt")
     if not temperature >= 0:  # NaN too
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    max_new_tokens = whole("max_new_tokens", max_new_tokens)
+    top_k, batch_size = [None if v is None else whole(name, v) for name, v in (("top_k", top_k), ("batch_size", batch_size))]
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 (or None for the whole vocabulary), got {top_k}")
-    if drafter is not None and K < 1:
-        raise ValueError(f"draft length K must be >= 1, got {K}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    K = K if drafter is not None else 0
+    if stop_token is not None:  # one id: a list or a string would never equal a token
+        stop_token = whole("stop_token", stop_token, "one token id (an integer)")
+        if not 0 <= stop_token < target.cfg.vocab_size:
+            raise ValueError(f"stop_token must be a token id in 0..{target.cfg.vocab_size - 1}, got {stop_token}")
+    K = 0 if drafter is None else whole("K", getattr(drafter, "default_K", 4) if K is None else K)
+    if drafter is not None and K < 1:
+        raise ValueError(f"draft length K must be >= 1, got {K}")
+    K = min(K, getattr(drafter, "max_K", K))
+    layers = tuple(drafter.hidden_layers) if drafter is not None else ()
+    if not all(0 <= l <= target.cfg.n_layer for l in layers):  # else an empty feature list, or a torch shape error
+        raise ValueError(f"the drafter reads target layers {layers}, but this target's are 0..{target.cfg.n_layer} "
+                         f"(0 the embeddings): was the drafter built for another target?")
     device = target.head.weight.device
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
@@ -304,7 +325,6 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) each row's prompt length
     n = lens.clone()
     cache = target.new_cache(B, max_len=T_max)
-    layers = drafter.hidden_layers if drafter is not None else ()
     # the prompt pass counts as a pass that yields one token (so plain decoding's tau is exactly
     # 1); verify_s also holds the drafter's prefill/update work, draft_s only its proposing;
     # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
@@ -448,11 +468,20 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
 
 
+OPTIONS = dict(ar=(), ngram=("ngram_n",), draft=(), mtp=("mtp_draft", "mtp_margin"), eagle=(),
+               dflash=("block_size", "dflash_sample"))
+
+
 def load_drafter(method, target, out_dir, **kw):
-    """Build the drafter for a method name from its checkpoint next to the target."""
+    """Build the drafter for a method name from its checkpoint next to the target; kw are the
+    method's OPTIONS (bench.py sets them from --mtp-draft, --mtp-margin, --block-size, --dflash-argmax)."""
     import os
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    unknown = sorted(set(kw) - set(OPTIONS[method]))
+    if unknown:  # a misspelt option would otherwise be dropped without a word
+        raise TypeError(f"{method} takes no option {', '.join(unknown)}; "
+                        f"its options: {', '.join(OPTIONS[method]) or 'none'}")
     if method == "ar":
         return None
     if method == "ngram":

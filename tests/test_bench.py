@@ -299,8 +299,11 @@ def test_tau_standard_error():
 def test_card_warns_when_the_target_loops(capsys):
     args = bench.get_parser().parse_args(["--preset", "tiny"])
     for r, warn in ((0.5, True), (bench.REPEAT_WARN + 0.01, True), (bench.REPEAT_WARN, False), (0.05, False)):
-        bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {}, "src", 2, {0.0: r})
-        assert ("WARNING" in capsys.readouterr().out) == warn, r
+        bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {"ar": None}, {"ar": 0},
+                         "src", 2, {0.0: r})
+        out = capsys.readouterr().out
+        assert ("WARNING" in out) == warn, r
+        assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
 
 
 def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
@@ -528,7 +531,7 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys):
                                      "--json", str(tmp_path / "b.json"), *flags])
     for flags, S in [((), 8), (("--block-size", "4"), 4)]:
         run(*flags)
-        assert f"dflash block {S} (K = {S - 1})" in capsys.readouterr().out
+        assert f"drafts    K per step: dflash {S - 1} (block {S}) | timing" in capsys.readouterr().out
         assert [r["K"] for r in json.loads((tmp_path / "b.json").read_text())["results"]] == [0, S - 1]  # ar, dflash
     with pytest.raises(SystemExit) as e:
         run("--block-size", "9")

@@ -797,6 +797,83 @@ def test_bad_input_raises_clear_errors():
     assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
 
 
+def test_arguments_of_the_wrong_kind_are_named_not_lost():
+    """A float or a string count failed deep in torch (or sliced silently); a stop token given
+    as a list or a string never matched, so the run went on to its budget without a word; a
+    misspelt drafter option was dropped; ngram keys of length 0 never drafted."""
+    target = random_target()
+    gen = lambda **kw: speculate.generate(target, [[1, 2]], NgramDrafter(), **{"max_new_tokens": 8, **kw})
+    for kw in (dict(max_new_tokens=2.0), dict(max_new_tokens="8"), dict(K=2.5), dict(batch_size="1"),
+               dict(temperature=1.0, top_k=1.5)):
+        name = next(iter(kw.keys() - {"temperature"}))
+        with pytest.raises(TypeError, match=f"{name} must be an integer, got"):
+            gen(**kw)
+    for stop in ([3, 4], "\n", 3.0):
+        with pytest.raises(TypeError, match=r"stop_token must be one token id \(an integer\), got"):
+            gen(stop_token=stop)
+    for stop in (V, -1):
+        with pytest.raises(ValueError, match=rf"stop_token must be a token id in 0\.\.{V - 1}, got {stop}"):
+            gen(stop_token=stop)
+    plain = gen()[0][0]
+    for stop in (plain[2], np.int64(plain[2]), torch.tensor(plain[2])):  # numpy and 0-d tensor ids are ids
+        assert gen(stop_token=stop)[0][0] == plain[:plain.index(plain[2]) + 1]
+    assert gen(K=np.int64(3), max_new_tokens=np.int32(8))[0][0] == plain
+    with pytest.raises(TypeError, match="ngram takes no option ngram_m; its options: ngram_n"):
+        speculate.load_drafter("ngram", target, "out", ngram_m=2)
+    with pytest.raises(TypeError, match="eagle takes no option block_size; its options: none"):
+        speculate.load_drafter("eagle", target, "out", block_size=8)
+    for n, min_n in ((0, 1), (2, 3), (3, 0)):
+        with pytest.raises(ValueError, match=f"1 <= min_n <= n, got n={n}, min_n={min_n}"):
+            NgramDrafter(n=n, min_n=min_n)
+
+
+class Capped(NgramDrafter):
+    """An ngram drafter with a default and a cap, as dflash (its block) and mtp (its depth)
+    have; it records the K the loop asks for."""
+    default_K, max_K = 2, 3
+
+    def propose(self, tokens, n, K, **kw):
+        self.asked = K
+        return super().propose(tokens, n, K, **kw)
+
+
+def test_k_defaults_to_the_drafters_own_and_is_capped_at_its_max():
+    """generate(K=...) left at its default drafted 4 even for a drafter whose default is 15,
+    and a K past the drafter's cap reserved headroom and reported acceptance for positions
+    it could never draft (as 0.0)."""
+    target, prompt = loopy_target(), list(prompts("repetitive")[0])
+    ref = reference("repetitive", prompts("repetitive")[0], MAX_NEW)
+    for K, used in ((None, 2), (1, 1), (3, 3), (9, 3)):
+        dr = Capped()
+        outs, st = speculate.generate(target, [prompt], dr, max_new_tokens=MAX_NEW, K=K)
+        assert outs == [ref] and dr.asked == used and len(st["acceptance_per_position"]) == used, (K, st)
+    # the cap also sets the headroom: a budget that fills the context with K = max_K still fits
+    fill = target.cfg.max_seq_len - len(prompt) - Capped.max_K - 1
+    assert len(speculate.generate(target, [prompt], Capped(), max_new_tokens=fill, K=50)[0][0]) == fill
+    assert len(speculate.generate(target, [prompt], NgramDrafter(), max_new_tokens=8)[1]["acceptance_per_position"]) == 4
+
+
+class Misplaced(NgramDrafter):
+    """A drafter that asks for target layers this target does not have."""
+    def __init__(self, layers):
+        super().__init__()
+        self.hidden_layers = layers
+
+
+def test_a_drafter_reading_layers_the_target_lacks_is_refused():
+    """A drafter built for a deeper target asked for features of layers this one lacks: the
+    target returned fewer states than asked, and the drafter failed on a torch shape error
+    (or, with every layer missing, ran on no features at all)."""
+    target = random_target()
+    L = target.cfg.n_layer
+    for layers in ((L + 1,), (0, L + 3), (-1,)):
+        with pytest.raises(ValueError, match=rf"the drafter reads target layers .*this target's are 0\.\.{L} "
+                                             r"\(0 the embeddings\): was the drafter built for another target\?"):
+            speculate.generate(target, [[1, 2]], Misplaced(layers), max_new_tokens=4)
+    assert speculate.generate(target, [[1, 2]], Misplaced((0, L)), max_new_tokens=4)[0] == \
+        [naive_generate(target, [1, 2], 4)]
+
+
 class ShapeBreaker(NgramDrafter):
     """Returns drafts (and q) of the shape it is told: a drafter written against the interface
     wrongly."""
