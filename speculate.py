@@ -478,10 +478,10 @@ def load_drafter(method, target, out_dir, **kw):
     import os
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    unknown = sorted(set(kw) - set(OPTIONS[method]))
-    if unknown:  # a misspelt option would otherwise be dropped without a word
-        raise TypeError(f"{method} takes no option {', '.join(unknown)}; "
-                        f"its options: {', '.join(OPTIONS[method]) or 'none'}")
+    options = OPTIONS.get(method, ())  # a method of your own added to METHODS takes none
+    if set(kw) - set(options):  # a misspelt option would otherwise be dropped without a word
+        raise TypeError(f"{method} takes no option {', '.join(sorted(set(kw) - set(options)))}; "
+                        f"its options: {', '.join(options) or 'none'}")
     if method == "ar":
         return None
     if method == "ngram":
