@@ -16,7 +16,7 @@ machine tokenizes identically; tiktoken does the encoding. Special tokens: <|end
 np.uint16 token streams, nanoGPT style. Budget: ~400 lines instead of ~200, because the BPE
 trainer with incremental pair counts (~75 lines) and the prompts-file parser live here too.
 """
-import argparse, base64, functools, hashlib, heapq, importlib.util, json, os, random, sysconfig, time
+import argparse, base64, functools, hashlib, heapq, importlib.util, json, os, random, sys, sysconfig, time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -221,7 +221,8 @@ def _prepare(out_dir, rebuild):
             n_bytes += sum(len(t.encode("utf-8")) for t in batch)
             for ids in enc.encode_ordinary_batch(batch, num_threads=os.cpu_count() or 1):
                 parts.append(np.array(ids + [enc.eot_token], dtype=np.uint16))
-            print(f"data: {split} {min(i + 256, len(docs))}/{len(docs)} files, {time.time() - t0:.1f}s", end="\r")
+            print(f"data: {split} {min(i + 256, len(docs))}/{len(docs)} files, {time.time() - t0:.1f}s",
+                  end="\r" if sys.stdout.isatty() else "\n")  # a log file gets lines, not one long one
         tokens = np.concatenate(parts)
         # write a .tmp beside the bin and rename, so an interrupted run never leaves a half bin
         arr = np.memmap(paths[split] + ".tmp", dtype=np.uint16, mode="w+", shape=tokens.shape)

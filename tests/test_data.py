@@ -263,6 +263,15 @@ def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, mo
     assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
+def test_bin_progress_is_lines_in_a_log(tmp_path, monkeypatch, capsys):
+    """Its \\r rewrites ran together with the next line in a log file; not on a terminal
+    each progress line ends with a newline of its own."""
+    tiny_corpus(tmp_path, monkeypatch)
+    data._prepare(str(tmp_path / "out"), False)
+    out = capsys.readouterr().out
+    assert "\r" not in out and "data: train 1/1 files, " in out and "data: val 1/1 files, " in out, repr(out)
+
+
 def test_bins_hold_each_document_followed_by_endoftext(tmp_path, monkeypatch, enc):
     tiny_corpus(tmp_path, monkeypatch)
     meta = data._prepare(str(tmp_path / "out"), False)

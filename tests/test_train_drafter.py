@@ -2,6 +2,7 @@
 once and then reused, each method trains, saves a checkpoint that its drafter loads and that
 decodes losslessly, and another target refuses that checkpoint."""
 import argparse
+import sys
 import numpy as np
 import pytest
 import torch
@@ -222,6 +223,20 @@ DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperat
 def test_distill_temperatures_cycle_per_batch(fake_distill):
     out = train_drafter.build_distill_data(None, 6, 4, 3, [0.0, 1.0], batch=2)
     assert out.shape == (6, 7) and fake_distill["temperatures"] == [0.0, 1.0, 0.0]
+
+
+def test_distillation_progress_is_a_line_per_batch_in_a_log_and_one_line_on_a_terminal(fake_distill, capsys,
+                                                                                       monkeypatch):
+    """Rewritten in place with \\r, the progress ran together into one long line in a log file
+    (a redirected run of bench that trains its drafters). Not a terminal: a line per batch."""
+    train_drafter.build_distill_data(None, 6, 4, 3, [0.0], batch=2)
+    lines = capsys.readouterr().out.splitlines(keepends=True)
+    assert [l.split(" | ")[0] for l in lines] == [f"distill (train): {k}/6 sequences" for k in (2, 4, 6)], lines
+    assert all(l.endswith(" s\n") and "\r" not in l for l in lines)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    train_drafter.build_distill_data(None, 6, 4, 3, [0.0], batch=2)
+    out = capsys.readouterr().out
+    assert out.count("\rdistill (train): ") == 3 and out.count("\n") == 1 and out.endswith(" s\n"), repr(out)
 
 
 def test_each_distillation_batch_samples_with_its_own_seed(fake_distill, monkeypatch):
