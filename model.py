@@ -265,7 +265,10 @@ def draw(probs, generator=None):
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generator=None):
     """The reference: recompute the whole sequence for every new token, no cache.
-    prompt: list of token ids. Returns the new tokens (a list)."""
+    prompt: list of token ids. Returns the new tokens (a list). Past the context it reads the
+    last max_seq_len tokens (nanoGPT's crop), where speculate.generate refuses the run."""
+    if not temperature >= 0:  # NaN too; a negative one decoded greedily without a word
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
     device = model.head.weight.device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     for _ in range(max_new_tokens):

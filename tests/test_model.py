@@ -277,6 +277,14 @@ def test_naive_generate_slides_past_the_context():
     assert out == [int(m(torch.tensor([ids[:i][-T:]]))[0][0, -1].argmax()) for i in range(T - 2, T + 6)]
 
 
+def test_naive_generate_refuses_a_negative_temperature():
+    """It took T < 0 (and NaN) as greedy without a word; speculate.generate refuses them."""
+    m = tiny_model()
+    for T in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="temperature must be >= 0"):
+            generate(m, [1, 2], 4, temperature=T)
+
+
 def test_draft_presets_share_their_targets_context():
     for small, big in (("cpu-draft", "cpu"), ("gpu-draft", "gpu")):
         assert PRESETS[small]["max_seq_len"] == PRESETS[big]["max_seq_len"]
