@@ -442,7 +442,8 @@ def load_methods(args, methods, named, device, dtype):
         try:
             drafters[m] = get_drafter(m, target, found.get(m), args)
         except ValueError as e:  # a block size above what dflash was trained for, more drafts than mtp's depth
-            die(f"{m}: {e}" + {"dflash": " (see --block-size)", "mtp": " (see --mtp-draft)"}.get(m, ""))
+            flag = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}.get(m)
+            die(f"{m}: {e}" + (f" (see {flag[0]})" if flag and flag[1] is not None else ""))  # only a flag given
         except (ImportError, FileNotFoundError, AttributeError) as e:
             skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
     for m, why in skipped:

@@ -516,7 +516,7 @@ def test_ctrl_c_is_one_line_on_what_was_kept(monkeypatch, run_script):
     assert rc == 130 and "nothing half-written was left behind" in err and "continues any training" in err, err
 
 
-def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys):
+def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypatch):
     """bench's block follows the drafter's checkpoint, as speculate.py's does: the command
     train_drafter.py prints after `--block-size 8` must measure a block of 8 (a default of 16
     refused it; one of 24 would measure 16 without a word). --block-size still picks a smaller one."""
@@ -536,3 +536,11 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         run("--block-size", "9")
     assert e.value.code == 2 and "outside what the drafter was trained for (2..8) (see --block-size)" in capsys.readouterr().err
+    # any other fault of the drafter is not the flag's: no hint to a flag that was not given
+    def broken(*a, **k):
+        raise ValueError("a fault of its own")
+    monkeypatch.setattr("draft_diffusion.load_drafter", broken)
+    with pytest.raises(SystemExit) as e:
+        run()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: dflash: a fault of its own\n" == err, err
