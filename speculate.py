@@ -43,8 +43,8 @@ propose returns (README: "Write a drafter of your own" is a short example).
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 500 lines against DESIGN's ~350: the loop (generate) is ~190 of them (with continuous
-batching); the reference acceptance scan, the two drafters that read no target features
+About 580 lines against DESIGN's ~350: the loop (generate) is ~190 of them (with continuous
+batching), and the checks of its inputs ~50 more; the reference acceptance scan, the two drafters that read no target features
 (ngram, which needs no training, and a small draft model, trained like any LM by train.py
 --preset cpu-draft), the loader of every drafter and the CLI share the file.
 """
@@ -254,6 +254,49 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def integer(name, v, low=None, what="an integer"):
+    """v as an int (a numpy or 0-d tensor integer too): 2.0 or "4" would fail deep in torch or
+    slice silently, and a list given as a stop token would never equal one."""
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {v!r}") from None
+    if low is not None and v < low:
+        raise ValueError(f"{name} must be >= {low}, got {v}")
+    return v
+
+
+def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token, batch_size):
+    """generate's arguments, checked at its boundary and normalised: prompts as 1-D tensors,
+    counts as ints, K the drafter's default_K when None, capped at its max_K, 0 without one."""
+    V = target.cfg.vocab_size
+    if not prompts or any(len(pr) == 0 for pr in prompts):
+        raise ValueError("empty prompt list or empty prompt")
+    prompts = [torch.as_tensor(pr) for pr in prompts]
+    for i, pr in enumerate(prompts):  # else an IndexError deep in the embedding, or 1.5 read as 1
+        if pr.ndim != 1 or pr.dtype.is_floating_point or pr.dtype.is_complex or pr.dtype == torch.bool \
+                or not bool(((pr >= 0) & (pr < V)).all()):
+            raise ValueError(f"prompt {i}: token ids must be integers in 0..{V - 1} (the target's vocabulary), "
+                             f"one list per prompt")
+    if not temperature >= 0:  # NaN too
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    top_k = None if top_k is None else integer("top_k", top_k, 1)
+    batch_size = None if batch_size is None else integer("batch_size", batch_size, 1)
+    if stop_token is not None:
+        stop_token = integer("stop_token", stop_token, what="one token id (an integer)")
+        if not 0 <= stop_token < V:
+            raise ValueError(f"stop_token must be a token id in 0..{V - 1}, got {stop_token}")
+    if drafter is None:
+        return prompts, max_new_tokens, top_k, 0, stop_token, batch_size
+    K = integer("draft length K", getattr(drafter, "default_K", 4) if K is None else K, 1)
+    layers = tuple(drafter.hidden_layers)
+    if not all(0 <= l <= target.cfg.n_layer for l in layers):  # else no features, or a torch shape error
+        raise ValueError(f"the drafter reads target layers {layers}, but this target's are 0..{target.cfg.n_layer} "
+                         f"(0 the embeddings): was the drafter built for another target?")
+    return prompts, max_new_tokens, top_k, min(K, getattr(drafter, "max_K", K)), stop_token, batch_size
+
+
 @torch.no_grad()
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
              K=None, stop_token=None, batch_size=None):
@@ -266,41 +309,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included.
     K (drafts per step) defaults to the drafter's default_K (else 4) and is capped at its max_K
     (dflash: its block - 1; mtp: its modules), as the drafter itself would cap it."""
-    def whole(name, v, what="an integer"):  # 2.0 or "4" would fail deep in torch, or slice silently
-        try:
-            return operator.index(v)
-        except TypeError:
-            raise TypeError(f"{name} must be {what}, got {v!r}") from None
-    if not prompts or any(len(pr) == 0 for pr in prompts):
-        raise ValueError("empty prompt list or empty prompt")
-    prompts = [torch.as_tensor(pr) for pr in prompts]
-    for i, pr in enumerate(prompts):  # else an IndexError deep in the embedding, or 1.5 read as 1
-        if pr.ndim != 1 or pr.dtype.is_floating_point or pr.dtype.is_complex or pr.dtype == torch.bool \
-                or not bool(((pr >= 0) & (pr < target.cfg.vocab_size)).all()):
-            raise ValueError(f"prompt {i}: token ids must be integers in 0..{target.cfg.vocab_size - 1} (the "
-                             f"target's vocabulary), one list per prompt")
-    if not temperature >= 0:  # NaN too
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    max_new_tokens = whole("max_new_tokens", max_new_tokens)
-    top_k, batch_size = [None if v is None else whole(name, v) for name, v in (("top_k", top_k), ("batch_size", batch_size))]
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 (or None for the whole vocabulary), got {top_k}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if stop_token is not None:  # one id: a list or a string would never equal a token
-        stop_token = whole("stop_token", stop_token, "one token id (an integer)")
-        if not 0 <= stop_token < target.cfg.vocab_size:
-            raise ValueError(f"stop_token must be a token id in 0..{target.cfg.vocab_size - 1}, got {stop_token}")
-    K = 0 if drafter is None else whole("K", getattr(drafter, "default_K", 4) if K is None else K)
-    if drafter is not None and K < 1:
-        raise ValueError(f"draft length K must be >= 1, got {K}")
-    K = min(K, getattr(drafter, "max_K", K))
+    prompts, max_new_tokens, top_k, K, stop_token, batch_size = check_inputs(
+        target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
-    if not all(0 <= l <= target.cfg.n_layer for l in layers):  # else an empty feature list, or a torch shape error
-        raise ValueError(f"the drafter reads target layers {layers}, but this target's are 0..{target.cfg.n_layer} "
-                         f"(0 the embeddings): was the drafter built for another target?")
     device = target.head.weight.device
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
