@@ -270,7 +270,11 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
     """generate's arguments, checked at its boundary and normalised: prompts as 1-D tensors,
     counts as ints, K the drafter's default_K when None, capped at its max_K, 0 without one."""
     V = target.cfg.vocab_size
-    if not prompts or any(len(pr) == 0 for pr in prompts):
+    if isinstance(prompts, str) or any(isinstance(pr, str) for pr in prompts):
+        raise ValueError("prompts are token ids, not text: encode it first, data.get_encoding().encode_ordinary(text)")
+    if any(isinstance(pr, int) or getattr(pr, "ndim", None) == 0 for pr in prompts):  # a flat list of ids
+        raise ValueError("prompts is a list of prompts, each a list of token ids: for one prompt, pass [ids]")
+    if len(prompts) == 0 or any(len(pr) == 0 for pr in prompts):  # len: a (B, T) tensor is B prompts too
         raise ValueError("empty prompt list or empty prompt")
     prompts = [torch.as_tensor(pr) for pr in prompts]
     for i, pr in enumerate(prompts):  # else an IndexError deep in the embedding, or 1.5 read as 1

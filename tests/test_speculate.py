@@ -790,6 +790,15 @@ def test_bad_input_raises_clear_errors():
         with pytest.raises(ValueError, match=rf"prompt 0: token ids must be integers in 0\.\.{V - 1}"):
             gen(bad)
     assert gen([torch.tensor([1, 2]), np.array([3, 4])])[0] == gen([[1, 2], [3, 4]])[0]  # tensors and arrays are ids too
+    assert gen(torch.tensor([[1, 2], [3, 4]]))[0] == gen([[1, 2], [3, 4]])[0]  # and a (B, T) tensor is B prompts
+    for flat in ([1, 2, 3], torch.tensor([1, 2, 3]), np.array([1, 2, 3])):  # one prompt not wrapped in a list
+        with pytest.raises(ValueError, match=r"prompts is a list of prompts, each a list of token ids: for one "
+                                             r"prompt, pass \[ids\]"):
+            gen(flat)
+    for text in ("def f(", ["def f(", "x ="]):
+        with pytest.raises(ValueError, match=r"prompts are token ids, not text: encode it first, "
+                                             r"data\.get_encoding\(\)\.encode_ordinary\(text\)"):
+            gen(text)
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
