@@ -294,6 +294,10 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
     if drafter is None:
         return prompts, max_new_tokens, top_k, 0, stop_token, batch_size
     K = integer("draft length K", getattr(drafter, "default_K", 4) if K is None else K, 1)
+    built_for = getattr(drafter, "target", target).cfg  # mtp, eagle, dflash use their target's embedding and head
+    if built_for != target.cfg:  # else a shape error deep in torch
+        raise ValueError(f"the drafter was built for a target of another shape ({built_for}), not this one "
+                         f"({target.cfg}); load it for this target: load_drafter(method, target, folder)")
     layers = tuple(drafter.hidden_layers)
     if not all(0 <= l <= target.cfg.n_layer for l in layers):  # else no features, or a torch shape error
         raise ValueError(f"the drafter reads target layers {layers}, but this target's are 0..{target.cfg.n_layer} "

@@ -883,6 +883,22 @@ def test_a_drafter_reading_layers_the_target_lacks_is_refused():
         [naive_generate(target, [1, 2], 4)]
 
 
+def test_a_drafter_built_for_a_target_of_another_shape_is_refused():
+    """EAGLE, MTP and DFlash drafters embed and decode through the target they were built with;
+    used with a target of another shape they failed on a torch shape error. One of the same
+    shape (another set of weights) still runs, and stays lossless."""
+    from draft_diffusion import DFlashDrafter
+    from test_dflash import random_dflash
+    target = random_target()
+    other = Transformer(Config(vocab_size=V, **{**PRESETS["tiny"], "n_embd": 32})).eval()
+    dr = DFlashDrafter(other, random_dflash(other.cfg), block_size=4)
+    with pytest.raises(ValueError, match=r"the drafter was built for a target of another shape \(Config\(.*n_embd=32"):
+        speculate.generate(target, [[1, 2]], dr, max_new_tokens=4)
+    same_shape = tiny_model(2)
+    dr = DFlashDrafter(same_shape, random_dflash(same_shape.cfg), block_size=4)
+    assert speculate.generate(target, [[1, 2]], dr, max_new_tokens=6)[0] == [naive_generate(target, [1, 2], 6)]
+
+
 class ShapeBreaker(NgramDrafter):
     """Returns drafts (and q) of the shape it is told: a drafter written against the interface
     wrongly."""
