@@ -43,7 +43,7 @@ def default_layers(L):
     """Low, middle, high taps (1, L//2, L-1): EAGLE-3's reference code taps (2, L/2, L-3) of a
     32-layer Llama, scaled to a shallow target. The very top block is left out, as there: it
     specialises in predicting x_{p+1}, which the drafter gets explicitly as its token input.
-    A target of < 4 blocks has no three distinct such layers; take its top three taps."""
+    A target of < 4 blocks has no three distinct such layers; take its top three taps (two when L = 1)."""
     return (1, L // 2, L - 1) if L >= 4 else tuple(range(max(L - 2, 0), L + 1))
 
 

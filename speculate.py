@@ -43,10 +43,11 @@ propose returns (README: "Write a drafter of your own" is a short example).
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 580 lines against DESIGN's ~350: the loop (generate) is ~190 of them (with continuous
-batching), and the checks of its inputs ~50 more; the reference acceptance scan, the two drafters that read no target features
-(ngram, which needs no training, and a small draft model, trained like any LM by train.py
---preset cpu-draft), the loader of every drafter and the CLI share the file.
+About 580 lines against DESIGN's ~350: the loop (generate) is ~175 of them (with continuous
+batching) and the checks of its inputs ~50 more; the reference acceptance scan, the two
+drafters that read no target features (ngram, which needs no training, and a small draft
+model, trained like any LM by `train.py --preset cpu-draft --out-path out/cpu/draft.pt`), the
+loader of every drafter and the CLI share the file.
 """
 
 import argparse
@@ -316,7 +317,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     Returns (outputs, stats): outputs is a list of new-token lists (prompt excluded), one per
     prompt in order; stats["tau"] is new tokens per pass of a row, the prompt pass included.
     K (drafts per step) defaults to the drafter's default_K (else 4) and is capped at its max_K
-    (dflash: its block - 1; mtp: its modules), as the drafter itself would cap it."""
+    (dflash: its block - 1; mtp: its n_draft, by default its modules), as the drafter would cap it."""
     prompts, max_new_tokens, top_k, K, stop_token, batch_size = check_inputs(
         target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
@@ -423,10 +424,10 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
         Kd = drafts.shape[1]  # K' <= K
         _sync(device); t1 = time.perf_counter()
-        # 2. verify: one target pass over [x_{N-1}, d_1..d_K] per row
+        # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (K' = Kd)
         # (an empty slot feeds token 0: nothing from it on is accepted, and the cache rolls back)
-        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)  # (B, K+1)
-        logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K+1, V)
+        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)  # (B, K'+1)
+        logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K'+1, V)
         # 3-4. accept a prefix of the drafts, then one token of the target's own
         if sampling:
             p = logits_to_probs(logits, temperature, top_k)       # warp p exactly as pick() does
@@ -442,7 +443,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         n_new = torch.minimum(n_new, max_new_tokens - (n - lens))
         # commit d_1..d_{n_acc} and then the emitted token, per row: new is [d_1..d_{n_acc},
         # emitted, ...], keep admits its first n_new slots, other columns keep their old value
-        cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K+1)
+        cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K'+1)
         new = torch.cat([drafts, nxt[:, None]], 1)
         new.scatter_(1, n_acc[:, None], nxt[:, None])               # slot n_acc holds the emitted token
         keep = torch.arange(Kd + 1, device=device)[None] < n_new[:, None]
@@ -562,9 +563,9 @@ if __name__ == "__main__":
             drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e} (drafters are looked up beside --ckpt, or in --weights DIR; train_drafter.py "
-                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft a draft model)") from None
+                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft --out-path DIR/draft.pt a draft model)") from None
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
-        if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules
+        if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules (n_draft)
             raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")
         prompt = enc.encode_ordinary(args.prompt)
         t0 = time.perf_counter()
