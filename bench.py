@@ -20,7 +20,7 @@ one row per method and temperature (tau and its standard error over the prompts,
 speedup vs ar, predicted speedup, lossless check, and where a greedy row differs, how close the
 target's two candidate tokens were there), a chart of per-position acceptance; --json / --plot
 write the same data.
-Timing: one short untimed warm-up per method, torch.cuda.synchronize around CUDA timings,
+Timing: one short untimed warm-up per method and temperature, torch.cuda.synchronize around CUDA timings,
 medians over --repeats rounds (default 1, so a CPU run with reused weights takes 1-4 minutes).
 
 ~550 lines instead of ~300: the hand-written SVG (~50 lines), the batch-size sweep and
@@ -283,14 +283,15 @@ def print_card(args, device, dtype, target, target_path, drafters, Ks, source, n
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
     runs = ", ".join(f"{m} {Ks[m]}" + (f" (block {d.block_size})" if m == "dflash" else "")
-                     for m, d in drafters.items() if d)  # only what runs: mtp its depth, dflash its block - 1
+                     for m, d in drafters.items() if d)  # only what runs: mtp its depth or --mtp-draft, dflash its block - 1
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of {args.repeats} "
           "run(s) after a warm-up")
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; real code ~2%)")
         if r > REPEAT_WARN:
+            trust = "the T=1 rows" if any(t > 0 for t in repeats) else "sampled rows (--temperatures 0,1)"
             print(f"WARNING   the target loops at T={T:g} ({r:.0%} > {REPEAT_WARN:.0%}): tau will flatter every "
-                  f"drafter there; trust the T=1 rows")
+                  f"drafter there; trust {trust}")
 
 
 def print_table(results, sweep, sizes, T0, n_prompts):
@@ -441,11 +442,11 @@ def load_methods(args, methods, named, device, dtype):
             continue  # reason already in skipped
         try:
             drafters[m] = get_drafter(m, target, found.get(m), args)
-        except ValueError as e:  # a block size above what dflash was trained for, more drafts than mtp's depth
+        except (ValueError, ImportError, FileNotFoundError, AttributeError) as e:
             flag = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}.get(m)
-            die(f"{m}: {e}" + (f" (see {flag[0]})" if flag and flag[1] is not None else ""))  # only a flag given
-        except (ImportError, FileNotFoundError, AttributeError) as e:
-            skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))
+            if isinstance(e, ValueError) and flag and flag[1] is not None:  # a block above dflash's training,
+                die(f"{m}: {e} (see {flag[0]})")                           # more drafts than mtp's depth
+            skipped.append((m, f"cannot load it ({type(e).__name__}: {e})"))  # e.g. a damaged draft.pt
     for m, why in skipped:
         skip(m, why)
     Ks = {m: 0 if d is None else (args.K if m in ("ngram", "draft", "eagle") else getattr(d, "default_K", args.K))

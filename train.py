@@ -15,7 +15,7 @@ Until it finishes, a run saves every --save-minutes minutes (2) and every --save
 (500) to the checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint
 itself, so a killed run cannot pass for a finished target; --resume out/cpu/target.run.pt
 continues it. The finished checkpoint keeps its optimizer, so --resume can also extend it with
-a larger --max-steps.
+a larger --minutes (or a larger --max-steps, for a run that --max-steps ended).
 
 About 355 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
 run (~40, whose flag check and run-file claim train_drafter.py shares) live here too.
@@ -153,6 +153,10 @@ def run_path(out_path):
 def out_path_of(args):
     """The finished checkpoint's path: --out-path, else <out>/<preset>/target.pt."""
     return args.out_path or os.path.join(args.out, args.preset, "target.pt")
+
+
+class ReportInterrupted(KeyboardInterrupt):
+    """Ctrl-C in the quality report, after the finished target was saved."""
 
 
 def interrupted(run_file):
@@ -297,7 +301,10 @@ def main(args):
     print(f"saved {out_path}")
     if args.quality_prompts:
         model.eval()
-        q = quality_report(model, args.quality_prompts, args.quality_tokens)
+        try:
+            q = quality_report(model, args.quality_prompts, args.quality_tokens)
+        except KeyboardInterrupt:  # after the save: "nothing to --resume" would send the user back to the start
+            raise ReportInterrupted(f"{out_path} is saved; only its quality report was cut short") from None
         ck = load_checkpoint(out_path)
         ck["quality"] = q
         save_checkpoint(out_path, ck)
@@ -313,9 +320,10 @@ def get_parser():
     g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
     g.add_argument("--resume", default=None, help="checkpoint to continue, with the flags it was started with: a "
                    "killed run's OUT/<preset>/target.run.pt (see --save-minutes), or a finished one to extend with a "
-                   "larger --max-steps or --minutes (the schedule then stretches from where the run is, which is not "
-                   "the run the larger budget would have made); it continues the clock, schedule and batch stream, "
-                   "so with --max-steps on a CPU a killed run ends bit for bit as it would have")
+                   "larger --minutes (a larger --max-steps extends only a run that --max-steps ended; the schedule "
+                   "then stretches from where the run is, which is not the run the larger budget would have made); "
+                   "it continues the clock, schedule and batch stream, so with --max-steps (and a --minutes it never "
+                   "reaches) on a CPU a killed run ends bit for bit as it would have")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default: %(default)s)")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
@@ -355,5 +363,8 @@ if __name__ == "__main__":
         main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (device, checkpoint): one line, no traceback
         raise SystemExit(f"error: {e}")
+    except ReportInterrupted as e:
+        print(f"\ninterrupted: {e}", file=sys.stderr)
+        sys.exit(130)
     except KeyboardInterrupt:
         interrupted(run_path(out_path_of(args)))

@@ -30,8 +30,8 @@ or `dflash` (draft_diffusion.py).
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash   # measure it
 
-~445 lines instead of ~300: resuming a killed run (~95 lines, its distillation included) lives
-here, since a drafter at the committed budget trains for 60-175 minutes after ~9 minutes of
+~455 lines instead of ~300: resuming a killed run (~95 lines, its distillation included) lives
+here, since a drafter at the committed budget trains for 60-175 minutes after ~8 minutes of
 distillation (README, "The reference weights"): a killed one should not start over.
 """
 
@@ -420,7 +420,8 @@ def get_parser():
                    "this many minutes have passed since its last save, so that a kill loses at most that plus "
                    "one step (0 = by --save-every only; both 0 = never); the distillation data made so far too")
     g.add_argument("--resume", default=None, metavar="RUN", help="continue a killed run from its <method>.run.pt, "
-                   "with the same flags; exact with --max-steps on the same device and threads. --minutes and "
+                   "with the same flags; exact with --max-steps (and a --minutes it never reaches) on the same device "
+                   "and threads. --minutes and "
                    "--max-steps may change (the schedule then stretches from where the run is)")
     g.add_argument("--continuation-only", action="store_true",
                    help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "

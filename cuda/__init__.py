@@ -5,8 +5,8 @@ beside a plain-PyTorch reference with the same signature.
     kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)   in place, -> None
     accept_scan(p, drafts, q=None, uniforms=None) -> (n_accepted, next_token)
 
-kv_inject_ref lives here; accept_scan_ref is speculate.accept_scan_ref (imported lazily,
-because speculate imports this package). The math, shapes and kernel versions are in the
+kv_inject_ref lives here; accept_scan_ref is speculate.accept_scan_ref (imported where it is
+used). The math, shapes and kernel versions are in the
 headers of kv_inject.cu and accept_scan.cu; ext.cpp holds the checks, the host (CPU) loops
 and the bindings.
 
@@ -191,7 +191,7 @@ def _build(verbose=False):
 
 def load(verbose=False):
     """The built extension module, or None (the reason is in cuda.build_error()). Builds once
-    per process (seconds to a minute; later processes reuse out/cuda_build/)."""
+    per process (seconds on a CPU, minutes with nvcc; later processes reuse out/cuda_build/)."""
     global _ext, _ext_error
     if _ext is None and _ext_error is None:
         t0 = time.time()

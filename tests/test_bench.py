@@ -304,6 +304,10 @@ def test_card_warns_when_the_target_loops(capsys):
         out = capsys.readouterr().out
         assert ("WARNING" in out) == warn, r
         assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
+        assert ("trust sampled rows (--temperatures 0,1)" in out) == warn  # there are no T=1 rows to trust
+    bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {"ar": None}, {"ar": 0},
+                     "src", 2, {0.0: 0.5, 1.0: 0.0})
+    assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
 
 
 def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
@@ -543,4 +547,13 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypat
     with pytest.raises(SystemExit) as e:
         run()
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "error: dflash: a fault of its own\n" == err, err
+    assert e.value.code == 2 and err == "error: dflash was asked for in --methods, but cannot load it (ValueError: " \
+                                       "a fault of its own)\n", err
+    # a damaged checkpoint of a method nobody named is skipped with its reason; the others run
+    (tmp_path / "draft.pt").write_bytes(b"not a checkpoint")
+    results = bench.main(["--target", str(tmp_path / "target.pt"), "--weights", str(tmp_path), "--n-prompts", "1",
+                          "--max-new-tokens", "8", "--temperatures", "0"])
+    out = capsys.readouterr().out
+    assert "skipping draft: cannot load it (ValueError: " in out and "not a readable checkpoint" in out, out
+    assert "skipping dflash: cannot load it (ValueError: a fault of its own)" in out
+    assert [r["method"] for r in results] == ["ar", "ngram"]

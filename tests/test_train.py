@@ -211,6 +211,8 @@ SMALL_DISTILL = ["--n-seqs", "8", "--n-val-seqs", "2", "--gen-len", "16", "--eva
 @pytest.mark.parametrize("cmd,started,said", [
     (TINY_RUN + ["--save-every", "1"], "OUT/t.run.pt", "--resume OUT/t.run.pt"),
     (TINY_RUN, "step ", "interrupted before this run's first save to OUT/t.run.pt"),
+    (TINY_RUN + ["--max-steps", "1", "--quality-prompts", "256", "--quality-tokens", "150"], "saved ",
+     "interrupted: OUT/t.pt is saved; only its quality report was cut short"),
     (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", *SMALL_DISTILL, "--save-every", "1"],
      "OUT/mtp.run.pt", "--resume OUT/mtp.run.pt"),
     (["train_drafter.py", "--method", "mtp", "--target", "OUT/t.pt", "--out-dir", "OUT", "--gen-len", "64"],
@@ -219,7 +221,8 @@ def test_ctrl_c_says_how_to_continue(tmp_path, cmd, started, said):
     """A real SIGINT once the run is under way (started: a line it printed, or a file it saved):
     one line on how to continue, exit 130, no KeyboardInterrupt traceback. Training names the
     file --resume continues from once it has saved there, and says there is nothing to resume
-    before; distilling, which has no run state yet, names the file its sequences so far are kept in."""
+    before (or, in the quality report after the final save, that the target is saved);
+    distilling, which has no run state yet, names the file its sequences so far are kept in."""
     save_tiny(tmp_path / "t.pt")
     argv = [a.replace("OUT", str(tmp_path)) for a in cmd]
     log = tmp_path / "log"
