@@ -20,8 +20,8 @@ one row per method and temperature (tau and its standard error over the prompts,
 speedup vs ar, predicted speedup, lossless check, and where a greedy row differs, how close the
 target's two candidate tokens were there), a chart of per-position acceptance; --json / --plot
 write the same data.
-Timing: one short untimed warm-up per method and temperature, torch.cuda.synchronize around CUDA timings,
-medians over --repeats rounds (default 1, so a CPU run with reused weights takes 1-4 minutes).
+Timing: one short untimed warm-up per method and temperature, torch.cuda.synchronize around
+CUDA timings, medians over --repeats rounds (default 1, so a CPU run with reused weights takes 1-4 minutes).
 
 ~550 lines instead of ~300: the hand-written SVG (~50 lines), the batch-size sweep and
 the checks of every flag live here too, so that the report needs no plotting dependency and bad
@@ -282,8 +282,9 @@ def print_card(args, device, dtype, target, target_path, drafters, Ks, source, n
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | temperatures "
           f"{args.temperatures} | top-k {args.top_k} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
+    # only what runs: mtp its depth or --mtp-draft, dflash its block - 1
     runs = ", ".join(f"{m} {Ks[m]}" + (f" (block {d.block_size})" if m == "dflash" else "")
-                     for m, d in drafters.items() if d)  # only what runs: mtp its depth or --mtp-draft, dflash its block - 1
+                     for m, d in drafters.items() if d)
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of {args.repeats} "
           "run(s) after a warm-up")
     for T, r in repeats.items():

@@ -563,7 +563,8 @@ if __name__ == "__main__":
             drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e} (drafters are looked up beside --ckpt, or in --weights DIR; train_drafter.py "
-                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft --out-path DIR/draft.pt a draft model)") from None
+                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft --out-path "
+                                    "DIR/draft.pt a draft model)") from None
         K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
         if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules (n_draft)
             raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")

@@ -158,7 +158,9 @@ KV_SHAPES = [  # (L, B, H, D, T_max, T_new)
 ACCEPT_SHAPES = [  # (B, K, V): V not a multiple of 32
     (1, 1, 97), (1, 15, 4099), (3, 15, 97), (3, 1, 4099), (7, 15, 4099), (7, 1, 97),
 ]
-BIG_SHAPES = {  # timed at B = 1 (launch-bound) and B = 32: about the cpu preset's drafter (V 4099 against its 4098) and a Qwen3-8B-sized one
+# timed at B = 1 (launch-bound) and B = 32: about the cpu preset's drafter (V 4099 against its
+# 4098) and a Qwen3-8B-sized one
+BIG_SHAPES = {
     "kv_inject": [(2, 1, 2, 64, 384, 16), (2, 32, 2, 64, 384, 16), (5, 1, 8, 128, 2048, 16), (5, 32, 8, 128, 2048, 16)],
     "accept_scan": [(32, 15, 4099), (1, 15, 151936), (32, 15, 151936)],
 }
