@@ -277,6 +277,6 @@ def load_drafter(target, out_dir, block_size=None, dflash_sample=True):
     model.load_state_dict({k: v.float() for k, v in ck["state_dict"].items()})
     model.to(target.head.weight).eval()
     dr = DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
-    print(f"dflash: {model.n_layer} layers, features from target layers {model.hidden_layers}, "
+    print(f"dflash: {model.n_layer} layer{'s' * (model.n_layer != 1)}, features from target layers {model.hidden_layers}, "
           f"block {dr.block_size} (trained {model.block_size}), {'sampled' if dflash_sample else 'argmax'} drafts ({path})")
     return dr
