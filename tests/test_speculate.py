@@ -14,6 +14,7 @@ The verification loop of speculate.py (DESIGN.md sec. 5): speculative decoding m
 import copy
 import math
 import os
+import random
 import runpy
 import subprocess
 import sys
@@ -219,6 +220,31 @@ def test_continuous_batching_decodes_each_prompt_as_alone(name):
     assert empty > 0 if name == "ngram" else empty == 0  # empty slots beside a match were exercised
     plain, _ = speculate.generate(target, batch, None, max_new_tokens=MAX_NEW, batch_size=3)
     assert plain == outs
+
+
+def test_random_mixes_of_every_option_stay_lossless():
+    """The options one at a time are tested above; here they come together, as a user mixes
+    them: a random drafter, K up to past its cap, fixed or continuous batches, a stop token
+    that occurs (or none), budgets from 1 token, prompts cut to any length. Every row equals
+    the cache-free reference cut at its first stop token."""
+    rng, target = random.Random(0), loopy_target()
+    text = naive_generate(target, [5, 6], 60)
+    pool = [list(p) for p in prompts("repetitive") + prompts("random")]
+    makers = {"ngram": NgramDrafter, "near": lambda: ModelDrafter(near_model_for(target)),
+              **{m: (lambda m=m: feature_drafter(m, target)) for m in ("mtp", "eagle", "dflash")}}
+    accepted = 0
+    for case in range(30):
+        name = rng.choice(sorted(makers))
+        K, new, bs = rng.randint(1, 16), rng.randint(1, 24), rng.choice([None, 1, 2, 3])
+        stop = rng.choice([None, text[13], text[20], rng.randrange(V)])
+        batch = [p[:rng.randint(1, len(p))] for p in rng.sample(pool, rng.randint(1, 5))]
+        outs, st = speculate.generate(target, batch, makers[name](), max_new_tokens=new, K=K, stop_token=stop,
+                                      batch_size=bs)
+        for p, o in zip(batch, outs):
+            ref = naive_generate(target, p, new)
+            assert o == (ref[:ref.index(stop) + 1] if stop in ref else ref), (case, name, K, new, bs, stop, len(p))
+        accepted += sum(st["accepted_per_position"])
+    assert accepted > 30  # drafts were accepted, so the commit and rollback paths ran
 
 
 # -----------------------------------------------------------------------------
