@@ -222,6 +222,25 @@ def test_continuous_batching_decodes_each_prompt_as_alone(name):
     assert plain == outs
 
 
+class RowZeroRight(ModelDrafter):
+    """The target drafts for itself: row 0 keeps its drafts (all accepted), the other rows
+    draft the token after (all rejected), so row 0 races past its budget mid-pass."""
+    def propose(self, tokens, n, K, **kw):
+        d, q = super().propose(tokens, n, K, **kw)
+        d[1:] = (d[1:] + 1) % V
+        return d, q
+
+
+def test_a_row_reaching_its_budget_mid_pass_commits_no_further():
+    """Without the commit's cap at the budget, the finished row kept accepting past it while
+    its neighbour still drafted, and its cache ran past the K+1 positions of headroom."""
+    target = loopy_target()
+    long, short = list(prompts("repetitive")[4]), list(prompts("repetitive")[1])
+    assert len(long) > len(short)
+    outs, _ = speculate.generate(target, [long, short], RowZeroRight(copy.deepcopy(target)), max_new_tokens=3, K=4)
+    assert outs == [reference("repetitive", tuple(p), 3) for p in (long, short)]
+
+
 def test_random_mixes_of_every_option_stay_lossless():
     """The options one at a time are tested above; here they come together, as a user mixes
     them: a random drafter, K up to past its cap, fixed or continuous batches, a stop token
