@@ -221,8 +221,7 @@ def _prepare(out_dir, rebuild):
             n_bytes += sum(len(t.encode("utf-8")) for t in batch)
             for ids in enc.encode_ordinary_batch(batch, num_threads=os.cpu_count() or 1):
                 parts.append(np.array(ids + [enc.eot_token], dtype=np.uint16))
-            print(f"data: {split} {min(i + 256, len(docs))}/{len(docs)} files, {time.time() - t0:.1f}s",
-                  end="\r" if sys.stdout.isatty() else "\n")  # a log file gets lines, not one long one
+            progress(f"data: {split} {min(i + 256, len(docs))}/{len(docs)} files, {time.time() - t0:.1f}s")
         tokens = np.concatenate(parts)
         # write a .tmp beside the bin and rename, so an interrupted run never leaves a half bin
         arr = np.memmap(paths[split] + ".tmp", dtype=np.uint16, mode="w+", shape=tokens.shape)
@@ -230,11 +229,19 @@ def _prepare(out_dir, rebuild):
         arr.flush(); del arr
         os.replace(paths[split] + ".tmp", paths[split])
         meta["files"][split], meta["bytes"][split], meta["tokens"][split] = len(docs), n_bytes, len(tokens)
-        print(f"data: {split}: {len(docs):,} files, {n_bytes:,} bytes, {len(tokens):,} tokens "
-              f"({n_bytes / len(tokens):.2f} bytes/token)    ")
+        progress(f"data: {split}: {len(docs):,} files, {n_bytes:,} bytes, {len(tokens):,} tokens "
+                 f"({n_bytes / len(tokens):.2f} bytes/token)    ", last=True)  # spaces erase a longer line
     meta["build_seconds"] = round(time.time() - t0, 1)
     write_atomic(meta_path, json.dumps(meta, indent=1))
     return meta
+
+def progress(msg, last=False):
+    """A progress line: rewritten in place on a terminal (the last one then ends the line),
+    a line each when stdout is a log file, where \r would run them into one long line."""
+    if sys.stdout.isatty():
+        print("\r" + msg, end="\n" if last else "", flush=True)
+    else:
+        print(msg, flush=True)
 
 def load_tokens(split, out_dir=DATA_OUT):
     meta = prepare(out_dir)

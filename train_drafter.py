@@ -71,7 +71,6 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     if out:
         print(f"distill ({split}): continuing from the {len(out)} sequences kept in {part}")
     made_before, t0, t_saved = len(out), time.time(), time.time()
-    tty = sys.stdout.isatty()  # one line rewritten in place; in a log file a line per batch, not one long line
     keep = lambda: save_checkpoint(part, {"rows": torch.tensor(out)})  # what a later call continues from
     try:
         for i in range(0, n_seqs, batch):
@@ -84,8 +83,8 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
             cont, _ = generate(target, prompts, None, max_new_tokens=gen_len, temperature=temp, seed=seed + i)
             out += [p + c for p, c in zip(prompts, cont)]
             eta = (time.time() - t0) / (len(out) - made_before) * (n_seqs - len(out))
-            print(("\r" if tty else "") + f"distill ({split}): {len(out)}/{n_seqs} sequences | ETA {eta:.0f} s",
-                  end="" if tty else "\n", flush=True)
+            data.progress(f"distill ({split}): {len(out)}/{n_seqs} sequences | ETA {eta:.0f} s",
+                          last=len(out) == n_seqs)
             if part and save_minutes and time.time() - t_saved >= save_minutes * 60:
                 keep()
                 t_saved = time.time()
@@ -97,8 +96,6 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
         kept = (f"the {len(out)} {split} sequences made so far are kept in {part}" if out
                 else f"no {split} sequence was made yet")
         raise DistillInterrupted(f"{kept}; the same command continues from there") from None
-    if tty:
-        print()
     if part and len(out) > made_before:  # a finished split is kept too: Ctrl-C in the next loses only that
         keep()
     return torch.tensor(out)

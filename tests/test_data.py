@@ -263,13 +263,19 @@ def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, mo
     assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
-def test_bin_progress_is_lines_in_a_log(tmp_path, monkeypatch, capsys):
+def test_bin_progress_is_lines_in_a_log_and_one_line_per_split_on_a_terminal(tmp_path, monkeypatch, capsys):
     """Its \\r rewrites ran together with the next line in a log file; not on a terminal
-    each progress line ends with a newline of its own."""
+    each progress line ends with a newline of its own. On a terminal each split's count is
+    rewritten in place and its summary ends the line."""
     tiny_corpus(tmp_path, monkeypatch)
     data._prepare(str(tmp_path / "out"), False)
     out = capsys.readouterr().out
     assert "\r" not in out and "data: train 1/1 files, " in out and "data: val 1/1 files, " in out, repr(out)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    data._prepare(str(tmp_path / "out2"), False)
+    lines = capsys.readouterr().out.split("\n")
+    assert [re.sub(r", [^\r]*", "", l) for l in lines] == ["\rdata: train 1/1 files\rdata: train: 1 files",
+                                                          "\rdata: val 1/1 files\rdata: val: 1 files", ""], lines
 
 
 def test_bins_hold_each_document_followed_by_endoftext(tmp_path, monkeypatch, enc):
