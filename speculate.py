@@ -488,36 +488,37 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
 METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
 
 
-OPTIONS = dict(ar=(), ngram=("ngram_n",), draft=(), mtp=("mtp_draft", "mtp_margin"), eagle=(),
-               dflash=("block_size", "dflash_sample"))
+def drafter_loader(method):
+    """The function that builds a method's drafter: loader(target, out_dir, **its options).
+    A method of your own adds a branch here; its options are its loader's keyword arguments."""
+    import importlib, os
+    if method == "ar":
+        return lambda target, out_dir: None
+    if method == "ngram":
+        return lambda target, out_dir, ngram_n=3: NgramDrafter(n=ngram_n)
+    if method == "draft":
+        from model import load_target
+        def load_draft_model(target, out_dir):  # follows the target's device and dtype
+            w = target.head.weight
+            return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt"), device=w.device, dtype=w.dtype))
+        return load_draft_model
+    return importlib.import_module(dict(mtp="mtp", eagle="draft_eagle", dflash="draft_diffusion")[method]).load_drafter
 
 
 def load_drafter(method, target, out_dir, **kw):
     """Build the drafter for a method name from its checkpoint next to the target; kw are the
-    method's OPTIONS (bench.py sets them from --mtp-draft, --mtp-margin, --block-size, --dflash-argmax)."""
-    import os
+    options of its loader (bench.py sets them from --mtp-draft, --mtp-margin, --block-size, --dflash-argmax)."""
+    import inspect
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    options = OPTIONS.get(method, ())  # a method of your own added to METHODS takes none
-    if set(kw) - set(options):  # a misspelt option would otherwise be dropped without a word
+    loader = drafter_loader(method)
+    params = inspect.signature(loader).parameters.values()
+    options = [p.name for p in params if p.default is not p.empty]  # target and out_dir have no default
+    if set(kw) - set(options) and not any(p.kind is p.VAR_KEYWORD for p in params):
+        # a misspelt option is named along with what the method takes (Python's own line names a <lambda>)
         raise TypeError(f"{method} takes no option {', '.join(sorted(set(kw) - set(options)))}; "
                         f"its options: {', '.join(options) or 'none'}")
-    if method == "ar":
-        return None
-    if method == "ngram":
-        return NgramDrafter(n=kw.get("ngram_n", 3))
-    if method == "draft":
-        from model import load_target
-        w = target.head.weight
-        return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt"), device=w.device, dtype=w.dtype))
-    if method == "mtp":
-        import mtp
-        return mtp.load_drafter(target, out_dir, **kw)
-    if method == "eagle":
-        import draft_eagle
-        return draft_eagle.load_drafter(target, out_dir, **kw)
-    import draft_diffusion
-    return draft_diffusion.load_drafter(target, out_dir, **kw)
+    return loader(target, out_dir, **kw)
 
 
 if __name__ == "__main__":

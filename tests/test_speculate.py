@@ -876,6 +876,8 @@ def test_arguments_of_the_wrong_kind_are_named_not_lost():
         speculate.load_drafter("ngram", target, "out", ngram_m=2)
     with pytest.raises(TypeError, match="eagle takes no option block_size; its options: none"):
         speculate.load_drafter("eagle", target, "out", block_size=8)
+    with pytest.raises(TypeError, match="mtp takes no option block_size; its options: mtp_draft, mtp_margin"):
+        speculate.load_drafter("mtp", target, "out", block_size=8)  # read from mtp.load_drafter's signature
     for n, min_n in ((0, 1), (2, 3), (3, 0)):
         with pytest.raises(ValueError, match=f"1 <= min_n <= n, got n={n}, min_n={min_n}"):
             NgramDrafter(n=n, min_n=min_n)
