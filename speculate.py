@@ -299,10 +299,9 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
     if built_for != target.cfg:  # else a shape error deep in torch
         raise ValueError(f"the drafter was built for a target of another shape ({built_for}), not this one "
                          f"({target.cfg}); load it for this target: load_drafter(method, target, folder)")
-    layers = tuple(drafter.hidden_layers)
-    if not all(0 <= l <= target.cfg.n_layer for l in layers):  # else no features, or a torch shape error
-        raise ValueError(f"the drafter reads target layers {layers}, but this target's are 0..{target.cfg.n_layer} "
-                         f"(0 the embeddings): was the drafter built for another target?")
+    if not all(0 <= l <= target.cfg.n_layer for l in drafter.hidden_layers):  # else no features, or a shape error
+        raise ValueError(f"the drafter reads target layers {tuple(drafter.hidden_layers)}, but this target's are "
+                         f"0..{target.cfg.n_layer} (0 the embeddings): was the drafter built for another target?")
     return prompts, max_new_tokens, top_k, min(K, getattr(drafter, "max_K", K)), stop_token, batch_size
 
 
