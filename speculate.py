@@ -214,6 +214,7 @@ class ModelDrafter:
 
     def __init__(self, model, sample=True):
         self.model, self.sample = model, sample
+        self.vocab_size = model.cfg.vocab_size  # generate refuses a target of another vocabulary
 
     def params(self):
         return self.model.n_params()
@@ -299,6 +300,9 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
     if built_for != target.cfg:  # else a shape error deep in torch
         raise ValueError(f"the drafter was built for a target of another shape ({built_for}), not this one "
                          f"({target.cfg}); load it for this target: load_drafter(method, target, folder)")
+    if getattr(drafter, "vocab_size", V) != V:  # else an IndexError in one model's embedding
+        raise ValueError(f"the drafter's vocabulary has {drafter.vocab_size} tokens, the target's {V}: "
+                         f"both must use one tokenizer")
     if not all(0 <= l <= target.cfg.n_layer for l in drafter.hidden_layers):  # else no features, or a shape error
         raise ValueError(f"the drafter reads target layers {tuple(drafter.hidden_layers)}, but this target's are "
                          f"0..{target.cfg.n_layer} (0 the embeddings): was the drafter built for another target?")

@@ -947,6 +947,15 @@ def test_a_drafter_built_for_a_target_of_another_shape_is_refused():
     assert speculate.generate(target, [[1, 2]], dr, max_new_tokens=6)[0] == [naive_generate(target, [1, 2], 6)]
 
 
+def test_a_draft_model_of_another_vocabulary_is_refused():
+    """A draft model (ModelDrafter) of a smaller vocabulary met the target's ids in its own
+    embedding, one of a larger drafted ids the target lacks: an IndexError either way."""
+    target = random_target()
+    for vocab in (V - 1, V + 1):
+        with pytest.raises(ValueError, match=f"the drafter's vocabulary has {vocab} tokens, the target's {V}"):
+            speculate.generate(target, [[1, 2]], ModelDrafter(tiny_model(1, vocab)), max_new_tokens=4)
+
+
 class ShapeBreaker(NgramDrafter):
     """Returns drafts (and q) of the shape it is told: a drafter written against the interface
     wrongly."""
