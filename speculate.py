@@ -505,7 +505,10 @@ def drafter_loader(method):
             w = target.head.weight
             return ModelDrafter(load_target(os.path.join(out_dir, "draft.pt"), device=w.device, dtype=w.dtype))
         return load_draft_model
-    return importlib.import_module(dict(mtp="mtp", eagle="draft_eagle", dflash="draft_diffusion")[method]).load_drafter
+    module = dict(mtp="mtp", eagle="draft_eagle", dflash="draft_diffusion").get(method)  # they import this file
+    if module is None:
+        raise NotImplementedError(f"{method} is in METHODS, but drafter_loader has no branch for it")
+    return importlib.import_module(module).load_drafter
 
 
 def load_drafter(method, target, out_dir, **kw):

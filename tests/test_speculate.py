@@ -808,7 +808,7 @@ def test_a_budget_that_fills_the_whole_context(method, batch_size):
     assert spec == plain
 
 
-def test_bad_input_raises_clear_errors():
+def test_bad_input_raises_clear_errors(monkeypatch):
     target = random_target()
     gen = lambda prompts, **kw: speculate.generate(target, prompts, NgramDrafter(), **{"max_new_tokens": 8, **kw})
     with pytest.raises(ValueError, match="empty prompt"):
@@ -846,6 +846,9 @@ def test_bad_input_raises_clear_errors():
             gen(text)
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        speculate.load_drafter("medusa", target, "out")
+    monkeypatch.setattr(speculate, "METHODS", speculate.METHODS + ("medusa",))  # added without its loader
+    with pytest.raises(NotImplementedError, match="medusa is in METHODS, but drafter_loader has no branch for it"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
     assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
