@@ -43,7 +43,7 @@ propose returns (README: "Write a drafter of your own" is a short example).
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 580 lines against DESIGN's ~350: the loop (generate) is ~175 of them (with continuous
+About 600 lines against DESIGN's ~350: the loop (generate) is ~175 of them (with continuous
 batching) and the checks of its inputs ~50 more; the reference acceptance scan, the two
 drafters that read no target features (ngram, which needs no training, and a small draft
 model, trained like any LM by `train.py --preset cpu-draft --out-path out/cpu/draft.pt`), the
