@@ -507,7 +507,7 @@ def drafter_loader(method):
         return load_draft_model
     module = dict(mtp="mtp", eagle="draft_eagle", dflash="draft_diffusion").get(method)  # they import this file
     if module is None:
-        raise NotImplementedError(f"{method} is in METHODS, but drafter_loader has no branch for it")
+        raise ValueError(f"{method} is in METHODS, but drafter_loader has no branch for it")
     return importlib.import_module(module).load_drafter
 
 

@@ -848,7 +848,7 @@ def test_bad_input_raises_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
         speculate.load_drafter("medusa", target, "out")
     monkeypatch.setattr(speculate, "METHODS", speculate.METHODS + ("medusa",))  # added without its loader
-    with pytest.raises(NotImplementedError, match="medusa is in METHODS, but drafter_loader has no branch for it"):
+    with pytest.raises(ValueError, match="medusa is in METHODS, but drafter_loader has no branch for it"):
         speculate.load_drafter("medusa", target, "out")
     assert speculate.load_drafter("ar", target, "out") is None
     assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
@@ -1121,3 +1121,22 @@ def test_the_readme_drafter_of_your_own_runs_and_is_lossless():
     assert r.returncode == 0, r.stderr[-800:]
     greedy = next(l for l in r.stdout.splitlines() if l.startswith("greedy tau"))
     assert f"it prints `{greedy}`" in section, greedy
+
+
+def test_the_readme_loader_branch_puts_the_drafter_of_your_own_in_bench(tmp_path, monkeypatch, capsys):
+    """The README's second block, a branch at the top of speculate.drafter_loader, with the
+    first block saved as mine.py: bench then loads and runs the method by name, losslessly."""
+    import bench
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    blocks = readme.split("### Write a drafter of your own")[1].split("```python\n")
+    (tmp_path / "mine.py").write_text(blocks[1].split("```")[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace = {"builtin": speculate.drafter_loader}
+    exec("def drafter_loader(method):\n" + blocks[2].split("```")[0] + "    return builtin(method)\n", namespace)
+    for module in (speculate, bench):
+        monkeypatch.setattr(module, "METHODS", speculate.METHODS + ("bigram",))
+    monkeypatch.setattr(speculate, "drafter_loader", namespace["drafter_loader"])
+    results = bench.main(["--methods", "ngram,bigram", "--n-prompts", "2", "--max-new-tokens", "16",
+                          "--temperatures", "0"])
+    assert [(r["method"], r["lossless"]) for r in results] == [("ar", True), ("ngram", True), ("bigram", True)], \
+        capsys.readouterr().out
