@@ -344,3 +344,54 @@ def test_check_writable_refuses_a_folder_path_and_an_unwritable_folder(tmp_path,
     monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)
     with pytest.raises(ValueError, match="is not writable"):
         check_writable(str(tmp_path / "new" / "t.pt"))
+
+
+@torch.no_grad()
+def test_every_parameter_of_the_target_shapes_its_logits():
+    """Each weight must reach the output. Cached == naive and the hidden-tap test compare the
+    model with itself, so a layer that reads the wrong weight keeps them equal: keys normed by
+    q_norm instead of k_norm, or an MLP fed without mlp_norm, leave that norm's weight unused
+    (the committed weights then run as a model they were never trained as)."""
+    m = tiny_model()
+    ids = torch.arange(1, 13)[None] % 97
+    base = m(ids)[0]
+    g = torch.Generator().manual_seed(0)
+    for name, p in m.named_parameters():
+        saved = p.clone()
+        p.add_(torch.randn(p.shape, generator=g) * 0.5)
+        changed = not torch.allclose(m(ids)[0], base)
+        p.copy_(saved)
+        assert changed, f"{name} does not affect the logits"
+
+
+def test_naive_generate_keeps_only_the_top_k_when_sampling():
+    """The reference decoder must sample from the same warped distribution as speculate.generate:
+    with top_k=1 sampling is greedy decoding, at any temperature. Dropping top_k on its way to
+    logits_to_probs sampled from the whole vocabulary without a word (only greedy output was
+    compared with it)."""
+    m = tiny_model()
+    greedy = generate(m, [1, 2, 3], 12)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        assert generate(m, [1, 2, 3], 12, temperature=5.0, top_k=1, generator=g) == greedy
+
+
+@torch.no_grad()
+def test_the_models_rope_lookup_rotates_q_and_k_by_their_offset():
+    """model.rope(pos) reads cos AND sin of the tables at each position: scores of the model's own
+    q and k projections depend on the offset alone. The RoPE tests above check rope_table and
+    apply_rope; a lookup that read sin from the cos table (or the rows at other positions) kept
+    cached == naive and every other test of this file green."""
+    m = tiny_model()
+    attn = m.blocks[0].attn
+    x = torch.randn(1, 2, m.cfg.n_embd, generator=torch.Generator().manual_seed(0))
+    cos, sin = rope_table(m.cfg)
+
+    def score(s, t):  # query at position s (token 0), key at position t (token 1), head 0
+        c, sn = m.rope(torch.tensor([[s, t]]))
+        assert torch.equal(c[0, 0], cos[[s, t]]) and torch.equal(sn[0, 0], sin[[s, t]])
+        q, (k, _) = attn.project_q(x, c, sn), attn.project_kv(x, c, sn)
+        return float(q[0, 0, 0] @ k[0, 0, 1])
+
+    assert score(3, 1) == pytest.approx(score(40, 38), abs=1e-4)
+    assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-4)  # and the offset does matter
