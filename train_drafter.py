@@ -17,7 +17,8 @@ or `dflash` (draft_diffusion.py).
    `config_dict()` (what its checkpoint needs to rebuild it). By default the corpus prompt's
    next tokens are scored too (label_from = 0), although no draft is ever checked against
    them; --continuation-only scores the target's text alone, as the papers do (label_from =
-   --prompt-len), which helped DFlash and hurt EAGLE here (docs/experiments.md). AdamW,
+   --prompt-len), which helped DFlash at T = 0 (at a cost at T = 1) and hurt EAGLE here
+   (docs/experiments.md; hence not in RECIPE, though the committed DFlash used it). AdamW,
    cosine schedule, 4 % warm-up, clip 1.0 (the DFlash paper's recipe) for every method, on
    the same data and budget; batch size and peak rate per method (RECIPE below: what the
    reference weights used).
@@ -423,7 +424,8 @@ def get_parser():
     g.add_argument("--continuation-only", action="store_true",
                    help="score only the target's continuation, not the next tokens of the corpus prompt (dflash: "
                         "anchors from the prompt's last token on). The committed dflash was trained with it; on the cpu "
-                        "preset it raised dflash's tau and lowered eagle's (docs/experiments.md)")
+                        "preset it raised dflash's tau at T = 0, lowered it at T = 1 and lowered eagle's "
+                        "(docs/experiments.md)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test unroll steps")
