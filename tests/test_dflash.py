@@ -470,19 +470,3 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path, capsys):
     assert all(torch.equal(v, df.state_dict()[k]) for k, v in dr.dflash.state_dict().items())
     with pytest.raises(ValueError, match="retrain"):
         load_drafter(tiny_model(1), str(tmp_path))
-
-
-def test_load_drafter_follows_the_targets_dtype(tmp_path, capsys):
-    """load_drafter moves the drafter to the target's device and dtype: a float32 drafter
-    beside a bfloat16 (or CUDA) target failed at its first matmul (bench --dtype bfloat16, any
-    GPU run). Checked in bfloat16 on the CPU: drafting through speculate.generate runs."""
-    from draft_diffusion import load_drafter
-    from model import save_checkpoint, weights_hash
-    target, df = setup(block_size=4, n_layer=1)
-    save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
-                                                      target_hash=weights_hash(target.cfg, target.state_dict())))
-    target = target.to(torch.bfloat16)
-    dr = load_drafter(target, str(tmp_path))
-    assert {p.dtype for p in dr.dflash.parameters()} == {torch.bfloat16}
-    out, _ = speculate.generate(target, [[1, 2, 3, 4, 5]], dr, max_new_tokens=6)
-    assert len(out[0]) == 6

@@ -369,17 +369,3 @@ def test_sampled_decoding_is_reproduced_by_its_seed(name):
         runs.append((outs, st["row_passes"], st["accepted_per_position"]))
     assert runs[0] == runs[1]
 
-
-def test_load_drafter_follows_the_targets_dtype(tmp_path):
-    """load_drafter moves the drafter to the target's device and dtype: a float32 drafter
-    beside a bfloat16 (or CUDA) target failed at its first matmul (bench --dtype bfloat16, any
-    GPU run). Checked in bfloat16 on the CPU: drafting through speculate.generate runs."""
-    target = frozen(tiny_model(5))
-    e = random_eagle(target, seed=4)
-    save_checkpoint(str(tmp_path / "eagle.pt"), dict(kind="eagle", config=e.config_dict(), state_dict=e.state_dict(),
-                                                     target_hash=weights_hash(target.cfg, target.state_dict())))
-    target = target.to(torch.bfloat16)
-    d = load_drafter(target, str(tmp_path))
-    assert {p.dtype for p in d.eagle.parameters()} == {torch.bfloat16}
-    out, _ = speculate.generate(target, [[1, 2, 3, 4, 5]], d, max_new_tokens=6, K=3)
-    assert len(out[0]) == 6

@@ -274,6 +274,21 @@ def test_each_committed_drafter_keeps_its_acceptance(setup, method, T, measured,
     assert st["tau"] >= floor, f"{method} T={T}: tau {st['tau']:.2f} (measured {measured})"
 
 
+@pytest.mark.parametrize("method", ["draft", "mtp", "eagle", "dflash"])
+def test_each_drafter_follows_a_bfloat16_target(method):
+    """load_drafter moves a drafter to the target's device and dtype: a float32 drafter beside a
+    bfloat16 (or CUDA) target failed at its first matmul (bench --dtype bfloat16, any GPU run).
+    Dropping that move passed every other test, all of them float32 on the CPU."""
+    if not os.path.exists(os.path.join(W, "target.pt")):
+        pytest.skip("no committed weights/cpu")
+    target = load_target(os.path.join(W, "target.pt"), dtype=torch.bfloat16)
+    drafter = speculate.load_drafter(method, target, W)
+    modules = [v for v in vars(drafter).values() if isinstance(v, torch.nn.Module)]  # its own and the target
+    assert {p.dtype for m in modules for p in m.parameters()} == {torch.bfloat16}
+    out, _ = speculate.generate(target, [[1, 2, 3, 4, 5]], drafter, max_new_tokens=6)
+    assert len(out[0]) == 6
+
+
 def test_committed_dflash_fills_its_block_with_the_tokenizers_mask(setup):
     """The masked slots must hold <|mask|> (DFlash's default is the last id, which data.py makes
     it): a block of any other token drafts in another input distribution than it trained on."""
