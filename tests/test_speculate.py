@@ -1109,13 +1109,21 @@ def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypa
     assert "sampled outputs differ by design" in top1
 
 
+def readme_drafter_of_your_own():
+    """The README's "Write a drafter of your own" section and its two python blocks: the
+    drafter (run as mine.py) and the branch that puts it in speculate.drafter_loader."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("### Write a drafter of your own")[1].split("\n## ")[0]
+    blocks = [b.split("```")[0] for b in section.split("```python\n")[1:]]
+    assert len(blocks) == 2, len(blocks)
+    return section, blocks
+
+
 def test_the_readme_drafter_of_your_own_runs_and_is_lossless():
     """README's "Write a drafter of your own" block, run as a user would from the repository
     root: its own assert is the greedy equality, and it prints the greedy tau the README quotes
     (the T = 1 one is not compared: samples may differ between torch versions)."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = readme.split("### Write a drafter of your own")[1]
-    block = section.split("```python\n")[1].split("```")[0]
+    section, (block, _) = readme_drafter_of_your_own()
     r = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})  # steady beside a busy suite
     assert r.returncode == 0, r.stderr[-800:]
@@ -1127,12 +1135,11 @@ def test_the_readme_loader_branch_puts_the_drafter_of_your_own_in_bench(tmp_path
     """The README's second block, a branch at the top of speculate.drafter_loader, with the
     first block saved as mine.py: bench then loads and runs the method by name, losslessly."""
     import bench
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    blocks = readme.split("### Write a drafter of your own")[1].split("```python\n")
-    (tmp_path / "mine.py").write_text(blocks[1].split("```")[0])
+    _, (mine, branch) = readme_drafter_of_your_own()
+    (tmp_path / "mine.py").write_text(mine)
     monkeypatch.syspath_prepend(str(tmp_path))
     namespace = {"builtin": speculate.drafter_loader}
-    exec("def drafter_loader(method):\n" + blocks[2].split("```")[0] + "    return builtin(method)\n", namespace)
+    exec("def drafter_loader(method):\n" + branch + "    return builtin(method)\n", namespace)
     for module in (speculate, bench):
         monkeypatch.setattr(module, "METHODS", speculate.METHODS + ("bigram",))
     monkeypatch.setattr(speculate, "drafter_loader", namespace["drafter_loader"])
