@@ -45,7 +45,7 @@ import torch
 import data
 import weights
 from model import PRESETS, check_writable, get_device
-from speculate import METHODS, generate, load_drafter
+from speculate import METHODS, add_drafter_flags, drafter_options, generate, load_drafter
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
 # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
@@ -67,9 +67,8 @@ def sync(device):
 # the methods
 
 def get_drafter(method, target, folder, args):
-    kw = {"dflash": dict(block_size=args.block_size, dflash_sample=not args.dflash_argmax),
-          "mtp": dict(mtp_draft=args.mtp_draft, mtp_margin=args.mtp_margin)}.get(method, {})
-    return load_drafter(method, target, folder, **kw)  # drafters follow the target's device and dtype
+    # drafters follow the target's device and dtype
+    return load_drafter(method, target, folder, **drafter_options(method, args))
 
 
 # -----------------------------------------------------------------------------
@@ -344,15 +343,7 @@ def get_parser():
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
                    "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default: %(default)s)")
-    g.add_argument("--block-size", type=int, default=None, help="dflash block size S (drafts S-1); at "
-                   "most what it was trained for (default: the block it was trained with, 16 for the committed one)")
-    g.add_argument("--mtp-draft", type=int, default=None, help="mtp: draft N tokens per step, one per module, "
-                   "so 1..its depth (default: all its modules)")
-    g.add_argument("--mtp-margin", type=float, default=0.0, help="mtp: stop drafting once the top-1 vs top-2 logit "
-                   "margin falls below M (default: %(default)s = never)")
-    g.add_argument("--dflash-argmax", action="store_true", help="dflash at T > 0: take each slot's argmax instead of "
-                   "drawing from its q (both are lossless; on the cpu weights sampling accepted more: "
-                   "tau ~2.1 vs ~1.2 at T = 1 on the 10 default prompts)")
+    add_drafter_flags(g)  # --block-size, --dflash-argmax, --mtp-draft, --mtp-margin (speculate.py)
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default: %(default)s)")
     g.add_argument("--repeats", type=int, default=1,
                    help="timed runs per row, made in rounds over all rows; the median is reported (default: %(default)s)")

@@ -47,7 +47,7 @@ About 600 lines against DESIGN's ~350: the loop (generate) is ~175 of them (with
 batching) and the checks of its inputs ~50 more; the reference acceptance scan, the two
 drafters that read no target features (ngram, which needs no training, and a small draft
 model, trained like any LM by `train.py --preset cpu-draft --out-path out/cpu/draft.pt`), the
-loader of every drafter and the CLI share the file.
+loader of every drafter, the flags of their options and the CLI share the file.
 """
 
 import argparse
@@ -513,7 +513,7 @@ def drafter_loader(method):
 
 def load_drafter(method, target, out_dir, **kw):
     """Build the drafter for a method name from its checkpoint next to the target; kw are the
-    options of its loader (bench.py sets them from --mtp-draft, --mtp-margin, --block-size, --dflash-argmax)."""
+    options of its loader (DRAFTER_FLAGS set some from the command line)."""
     import inspect
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -525,6 +525,32 @@ def load_drafter(method, target, out_dir, **kw):
         raise TypeError(f"{method} takes no option {', '.join(sorted(set(kw) - set(options)))}; "
                         f"its options: {', '.join(options) or 'none'}")
     return loader(target, out_dir, **kw)
+
+
+# the committed drafters' options as flags, the same in bench.py and the CLI below:
+# flag -> (method, its loader's option, which is also the flag's dest; argparse settings)
+DRAFTER_FLAGS = {
+    "--block-size": ("dflash", "block_size", dict(type=int, default=None, help="dflash block size S (drafts "
+                     "S-1); at most what it was trained for (default: the block it was trained with, 16 for the "
+                     "committed one)")),
+    "--dflash-argmax": ("dflash", "dflash_sample", dict(action="store_false", help="dflash at T > 0: take each "
+                        "slot's argmax instead of drawing from its q (both are lossless; on the cpu weights "
+                        "sampling accepted more: tau ~2.1 vs ~1.2 at T = 1 on the 10 default prompts)")),
+    "--mtp-draft": ("mtp", "mtp_draft", dict(type=int, default=None, help="mtp: draft N tokens per step, one per "
+                    "module, so 1..its depth (default: all its modules)")),
+    "--mtp-margin": ("mtp", "mtp_margin", dict(type=float, default=0.0, help="mtp: stop drafting once the top-1 "
+                     "vs top-2 logit margin falls below M (default: %(default)s = never)")),
+}
+
+
+def add_drafter_flags(parser):
+    for flag, (_, option, kw) in DRAFTER_FLAGS.items():
+        parser.add_argument(flag, dest=option, **kw)
+
+
+def drafter_options(method, args):
+    """The loader options DRAFTER_FLAGS give a method (dflash's block size, ...)."""
+    return {option: getattr(args, option) for m, option, _ in DRAFTER_FLAGS.values() if m == method}
 
 
 if __name__ == "__main__":
@@ -544,6 +570,7 @@ if __name__ == "__main__":
     parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_drafter_flags(parser)
     parser.add_argument("--check", action="store_true", help="greedy: also decode with model.generate (the "
                         "cache-free reference) and compare")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -565,9 +592,13 @@ if __name__ == "__main__":
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         if args.weights is not None and args.method in ("ar", "ngram"):
             raise ValueError(f"--weights names the folder a drafter is loaded from; {args.method} loads none")
+        for flag, (m, option, _) in DRAFTER_FLAGS.items():
+            if m != args.method and getattr(args, option) != parser.get_default(option):
+                raise ValueError(f"{flag} sets an option of {m}; --method is {args.method}")
         target = load_target(args.ckpt, device=get_device(args.device))
         try:
-            drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt))
+            drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt),
+                                   **drafter_options(args.method, args))
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{e} (drafters are looked up beside --ckpt, or in --weights DIR; train_drafter.py "
                                     "trains mtp, eagle and dflash, train.py --preset cpu-draft --out-path "

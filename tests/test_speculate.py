@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import random
+import re
 import runpy
 import subprocess
 import sys
@@ -1094,10 +1095,28 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
                            (["--method", "ngram", "-K", "0"], "K must be >= 1"),
                            (["--method", "ar", "-K", "4"], "ar drafts none"),
                            (["--top-k", "5"], "--temperature 0 decodes greedily"),
+                           (["--method", "mtp", "--block-size", "8"], "--block-size sets an option of dflash; --method is mtp"),
+                           (["--method", "eagle", "--dflash-argmax"], "--dflash-argmax sets an option of dflash"),
+                           (["--method", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp"),
+                           (["--method", "dflash", "--block-size", "17"], "block size 17 is outside what the drafter was trained for (2..16)"),
+                           (["--method", "mtp", "--mtp-draft", "4"], "mtp has 3 modules"),
                            (["--method", "ngram", "--weights", str(tmp_path)], "ngram loads none"),
                            (["--method", "eagle", "--weights", str(tmp_path)], f"{tmp_path / 'eagle.pt'}: no such checkpoint (drafters are looked up beside --ckpt, or in --weights DIR")]:
         rc, _, err = run_script("speculate.py", "--device", "cpu", *extra)  # the committed weights but for --ckpt
         assert rc == 1 and message in err, (extra, err[-800:])
+
+
+def test_cli_drafter_flags_reach_the_loader(tmp_path, monkeypatch, capsys):
+    """bench.py's --block-size, --dflash-argmax, --mtp-draft and --mtp-margin (speculate.DRAFTER_FLAGS)
+    set the same options here, on the committed weights."""
+    args = ("--ckpt", os.path.join(ROOT, "weights", "cpu", "target.pt"), "--prompt", "def parse(", "--max-new-tokens", "16")
+    out = run_cli(tmp_path, monkeypatch, capsys, *args, "--method", "dflash", "--block-size", "8", "--dflash-argmax",
+                  "--temperature", "1")
+    assert "block 8 (trained 16), argmax drafts" in out and "[dflash K=7]" in out, out
+    out = run_cli(tmp_path, monkeypatch, capsys, *args, "--method", "mtp", "--mtp-draft", "2")
+    assert "[mtp K=2]" in out and re.search(r"acceptance per position: [\d.]+ [\d.]+\n", out), out  # two positions
+    out = run_cli(tmp_path, monkeypatch, capsys, *args, "--method", "mtp", "--mtp-margin", "1e9")
+    assert re.search(r"\[mtp K=3\].*acceptance per position: [\d.]+ - -\n", out), out  # the gate stops after one
 
 
 def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypatch, capsys):
