@@ -388,7 +388,7 @@ def check_args(args):
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
     lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
-            "--block-size": (args.block_size or 2, 2), "--max-new-tokens": (args.max_new_tokens, 1),
+            "--block-size": (2 if args.block_size is None else args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
             "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0),

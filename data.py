@@ -311,9 +311,10 @@ def repeated_ngram_fraction(tokens, n=8):
 def read_prompts_file(path):
     """User prompts: JSON lines with a "prompt" string (when the first non-blank line starts
     with '{'), or plain-text blocks separated by blank lines (kept without their final newline)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+    try:  # utf-8-sig drops a BOM; lines end at \n only (splitlines would also cut at U+2028, which
+        # JSON strings may hold raw), and text mode reads \r\n as \n
+        with open(path, encoding="utf-8-sig") as f:
+            lines = f.read().split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read prompts file ({e})") from None
     first = next((l for l in lines if l.strip()), None)
@@ -344,7 +345,7 @@ def read_prompts_file(path):
 
 # -----------------------------------------------------------------------------
 
-def check_cli(args):
+def check_cli(args, parser):
     """data.py's flags, checked before the corpus is read: a bad one ended in a traceback."""
     from model import check_writable  # model imports data, so not at the top
     try:
@@ -355,6 +356,14 @@ def check_cli(args):
         raise ValueError(f"--vocab-size and --measure must be >= 256 (the single bytes), got {min(sizes)}")
     if args.bpe_every < 1:
         raise ValueError(f"--bpe-every must be >= 1 (1 = every train file), got {args.bpe_every}")
+    if args.vocab_size + 2 >= 2**16:  # the bins hold uint16 ids, and the 2 specials come on top (prepare)
+        raise ValueError(f"--vocab-size must be <= {2**16 - 3} (token ids are stored as uint16), got {args.vocab_size}")
+    if not args.train_tokenizer and os.path.exists(TOKENIZER_PATH):
+        given = [f"--{k.replace('_', '-')}" for k in ("vocab_size", "measure", "bpe_every")
+                 if getattr(args, k) != parser.get_default(k)]
+        if given:
+            raise ValueError(f"{', '.join(given)} only shape a new tokenizer; add --train-tokenizer "
+                             f"(without it the committed {os.path.basename(TOKENIZER_PATH)} is used)")
     check_writable(os.path.join(args.out_dir, "data", "train.bin"))
 
 
@@ -372,7 +381,7 @@ if __name__ == "__main__":
                         f"default prompts) with the first {N_REFERENCE_PROMPTS} held-out prompts of this machine's corpus")
     args = parser.parse_args()
     try:
-        check_cli(args)
+        check_cli(args, parser)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
 

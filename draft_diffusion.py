@@ -192,7 +192,7 @@ class DFlashDrafter:
     When sampling, each slot's draft is drawn from its own q (sample=False: argmax drafts)."""
 
     def __init__(self, target, dflash, block_size=None, sample=True):
-        bs = block_size or dflash.block_size
+        bs = dflash.block_size if block_size is None else block_size  # 0 is refused, not the default
         if not 2 <= bs <= dflash.block_size:
             raise ValueError(f"block size {bs} is outside what the drafter was trained for (2..{dflash.block_size})")
         self.target, self.dflash, self.block_size, self.sample = target, dflash, bs, sample

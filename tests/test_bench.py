@@ -162,6 +162,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--n-prompts", str(data.N_REFERENCE_PROMPTS + 1)], f"holds {data.N_REFERENCE_PROMPTS} prompts"),
     (["--prompts", "no/such/file.jsonl"], "cannot read"),
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
+    (["--block-size", "0"], "--block-size must be >= 2, got 0"),
     (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--top-k", "0"], "--top-k must be >= 1, got 0"),
     (["--top-k", "5", "--temperatures", "0"], "--top-k restricts sampling"),

@@ -165,6 +165,12 @@ def test_read_prompts_file(tmp_path):
     p = tmp_path / "indented.jsonl"  # JSON lines may be indented and separated by whitespace-only lines
     p.write_text('  {"prompt": "a"}\n   \n\t{"prompt": "b"}\n')
     assert data.read_prompts_file(p) == ["a", "b"]
+    p = tmp_path / "bom.jsonl"  # a BOM (Windows editors) is no part of the first line; U+2028 no line end
+    p.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "a\u2028b"}\r\n{"prompt": "c"}\r\n'.encode())
+    assert data.read_prompts_file(p) == ["a\u2028b", "c"]
+    p = tmp_path / "bom.txt"
+    p.write_bytes(b"\xef\xbb\xbf" + "x = 1\x85y\r\n\r\nz\r\n".encode())
+    assert data.read_prompts_file(p) == ["x = 1\x85y", "z"]
     latin = tmp_path / "latin1.txt"  # not UTF-8: a ValueError that names the file, not a bare UnicodeDecodeError
     latin.write_bytes("caf\xe9 = 1\n".encode("latin-1"))
     with pytest.raises(ValueError, match="latin1.txt: cannot read"):
@@ -331,7 +337,11 @@ def test_heldout_prompts_takes_the_seed():
                                            (["--vocab-size", "100"], "must be >= 256 .* got 100"),
                                            (["--measure", "0"], "must be >= 256 .* got 0"),
                                            (["--bpe-every", "0"], "--bpe-every must be >= 1"),
-                                           (["--out-dir", "FILE"], "is a file, not a folder")])
+                                           (["--out-dir", "FILE"], "is a file, not a folder"),
+                                           (["--vocab-size", "65534"], "must be <= 65533 .* got 65534"),
+                                           (["--vocab-size", "8192"], "--vocab-size only shape a new tokenizer"),
+                                           (["--measure", "512", "--bpe-every", "3"],
+                                            "--measure, --bpe-every only shape a new tokenizer; add --train-tokenizer")])
 def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, message, run_script):
     """Each of these ended in a traceback (a PanicException from the BPE for --vocab-size 100)."""
     (tmp_path / "FILE").write_text("x")

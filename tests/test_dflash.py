@@ -200,10 +200,12 @@ def test_cached_context_equals_recompute_after_ragged_steps():
         assert (dr.cv[:, b:b + 1, :, :n_fed] - v.transpose(2, 3)).abs().max() < 1e-4
 
 
-def test_block_size_above_training_is_an_error():
+def test_block_size_outside_training_is_an_error():
     target, df = setup(5, block_size=8)
-    with pytest.raises(ValueError, match="trained for"):
-        DFlashDrafter(target, df, block_size=16)
+    for bs in (16, 1, 0):  # 0 is no "default" (it ran the trained block)
+        with pytest.raises(ValueError, match=f"block size {bs} is outside what the drafter was trained for"):
+            DFlashDrafter(target, df, block_size=bs)
+    assert DFlashDrafter(target, df).block_size == 8
 
 
 def test_short_training_run_learns():
