@@ -382,6 +382,9 @@ def load_target(path, device="cpu", dtype=torch.float32):
 def export_checkpoint(src, dst, dtype=torch.bfloat16):
     """Shrink a checkpoint for weights/: drop the optimizer and resume state, store weights in
     bf16. Loading casts them back to the compute dtype; weights_hash is unchanged by design."""
+    if os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst):
+        raise ValueError(f"{dst} is the checkpoint being exported (its optimizer and resume state would be "
+                         "lost); export to another path")
     ckpt = load_checkpoint(src)
     ckpt.pop("optimizer", None)
     ckpt.pop("batch_rng", None)

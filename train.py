@@ -110,18 +110,24 @@ def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
 
 
 def check_args(args, names, zero_ok=()):
-    """Counts in names must be >= 1 and those in zero_ok >= 0; the budget and the learning rate
-    must be > 0. A bad one ends in one line before any work."""
+    """Counts in names must be >= 1 and those in zero_ok >= 0; the budget, the learning rate
+    and the gradient clip > 0, the other optimisation settings in their range. A bad one ends
+    in one line before any work."""
     for name in names:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("threads", "max_steps", "save_every", "save_minutes", *zero_ok):  # 0: "off" or "torch's choice"
         if not (getattr(args, name, 0) or 0) >= 0:  # a negative one was taken as 0 or as every step; nan never saved
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("minutes", "lr"):
+    for name in ("minutes", "lr", "grad_clip"):
         value = getattr(args, name, None)
         if value is not None and not value > 0:  # NaN too: a nan budget never ran out
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    for name, high in (("min_lr_frac", 1), ("weight_decay", math.inf), ("mtp_lambda", math.inf)):
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value <= high:  # a nan one trained a nan model
+            raise ValueError(f"--{name.replace('_', '-')} must be " + (f"in 0..{high}" if high < math.inf else ">= 0")
+                             + f", got {value}")
 
 
 def eta_s(budget, elapsed, step, max_steps):
@@ -216,7 +222,7 @@ def main(args):
         print(f"resuming from {args.resume} at step {ck['step']}")
     else:
         cfg = Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
-    seq_len = args.seq_len or cfg.max_seq_len
+    seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len  # 0 is refused, not the default
     if not 1 <= seq_len <= cfg.max_seq_len:
         raise ValueError(f"--seq-len {seq_len} is outside the model's context (1..{cfg.max_seq_len})")
     model = Transformer(cfg).to(device)
@@ -236,6 +242,9 @@ def main(args):
             mtp_mod.load_state_dict(ck["mtp_state_dict"])
         if "optimizer" in ck:
             opt.load_state_dict(ck["optimizer"])
+        else:  # model.py --export drops it (and the batch stream's state)
+            print(f"NOTE: {args.resume} holds no optimizer state (an exported checkpoint): AdamW and the batch "
+                  "stream start afresh, so this continues its weights, not its run")
         step, elapsed = ck["step"], ck["elapsed"]
     print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params"
           + (f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else "")

@@ -245,6 +245,9 @@ def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
     ck = load_checkpoint(str(tmp_path / "b.pt"))
     assert not {"optimizer", "batch_rng"} & set(ck) and ck["state_dict"]["w"].dtype == torch.bfloat16
     assert ck["mtp_state_dict"]["m"].dtype == torch.bfloat16  # a target's native MTP heads shrink too
+    with pytest.raises(ValueError, match="a.pt is the checkpoint being exported"):  # it dropped a run's state
+        export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "." / "a.pt"))
+    assert "optimizer" in load_checkpoint(str(tmp_path / "a.pt"))
 
 
 def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):

@@ -14,7 +14,7 @@ import torch
 import data
 import mtp
 import train
-from model import load_target, save_checkpoint, load_checkpoint
+from model import export_checkpoint, load_target, save_checkpoint, load_checkpoint
 from test_model import save_tiny, tiny_model
 
 ROOT = data.ROOT
@@ -257,7 +257,12 @@ def test_check_args_and_eta():
                          ({"threads": -1}, "--threads must be >= 0"), ({"save_every": -1}, "--save-every must be >= 0"),
                          ({"warmup_steps": -5}, "--warmup-steps must be >= 0"), ({"lr": -1.0}, "--lr must be > 0"),
                          ({"lr": 0.0}, "--lr must be > 0"), ({"save_minutes": -1.0}, "--save-minutes must be >= 0"),
-                         ({"save_minutes": float("nan")}, "--save-minutes must be >= 0")]:
+                         ({"save_minutes": float("nan")}, "--save-minutes must be >= 0"),
+                         ({"grad_clip": 0.0}, "--grad-clip must be > 0"), ({"grad_clip": float("nan")}, "--grad-clip must be > 0"),
+                         ({"min_lr_frac": 1.5}, r"--min-lr-frac must be in 0..1, got 1.5"),
+                         ({"min_lr_frac": float("nan")}, "--min-lr-frac must be in 0..1"),
+                         ({"weight_decay": -5.0}, "--weight-decay must be >= 0, got -5.0"),
+                         ({"mtp_lambda": float("nan")}, "--mtp-lambda must be >= 0")]:  # each nan trained a nan model
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"], zero_ok=["warmup_steps"])
     assert train.eta_s(600, 100, 10, None) == 500  # no step limit: what is left of the budget
@@ -425,6 +430,21 @@ def test_a_seq_len_past_the_context_is_refused_before_the_model_is_built(tmp_pat
     by the first training step's forward after the model and data are set up."""
     with pytest.raises(ValueError, match=r"--seq-len 257 is outside the model's context \(1..256\)"):
         train.main(tiny_run(tmp_path, "--seq-len", "257"))
+    with pytest.raises(ValueError, match=r"--seq-len 0 is outside"):  # 0 trained at the whole context
+        train.main(tiny_run(tmp_path, "--seq-len", "0"))
+
+
+def test_resuming_an_exported_checkpoint_says_its_optimizer_starts_afresh(tmp_path, capsys):
+    """model.py --export drops the optimizer and the batch stream's state: --resume of such a
+    file goes on from its weights, and says that this is not the run continued."""
+    flags = ["--seq-len", "16", "--batch-size", "2", "--eval-batches", "1", "--threads", "1", "--device", "cpu"]
+    train.main(tiny_run(tmp_path, *flags, "--max-steps", "1"))
+    export_checkpoint(str(tmp_path / "t.pt"), str(tmp_path / "e.pt"))
+    capsys.readouterr()
+    train.main(tiny_run(tmp_path, *flags, "--max-steps", "2", "--resume", str(tmp_path / "e.pt")))
+    assert f"NOTE: {tmp_path / 'e.pt'} holds no optimizer state" in capsys.readouterr().out
+    train.main(tiny_run(tmp_path, *flags, "--max-steps", "3", "--resume", str(tmp_path / "t.pt")))
+    assert "NOTE" not in capsys.readouterr().out  # a finished run keeps its optimizer
 
 
 def test_resume_takes_only_a_target_checkpoint(tmp_path):
