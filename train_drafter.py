@@ -133,9 +133,14 @@ def get_distill_data(target, args, target_hash):
             f"_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
     path = os.path.join(args.out_dir, name)
     if os.path.exists(path):
-        print(f"distill: reusing {path}")
-        d = torch.load(path, weights_only=True)
-        return d["train"], d["val"]
+        try:
+            d = torch.load(path, weights_only=True)
+            train, val = d["train"], d["val"]
+            print(f"distill: reusing {path}")
+            return train, val
+        except Exception as e:  # a torn file (a copy cut short, a full disk); its name holds the settings
+            print(f"distill: {path} is not usable ({(str(e).strip().splitlines() or [type(e).__name__])[0]}); "
+                  "building it again")
     part = lambda split: f"{path[:-3]}.{split}.part.pt"  # the sequences so far of an interrupted build
     train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps, seed=args.seed,
                                part=part("train"), save_minutes=args.save_minutes)

@@ -23,7 +23,7 @@ import time
 
 import data
 import train  # the target's and draft model's trainer; its run_path names every run file
-from model import load_checkpoint, load_target, weights_hash
+from model import check_writable, load_checkpoint, load_target, weights_hash
 
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
 # the drafters train_drafter.py trains (on distillation data they share) -> their module
@@ -80,7 +80,7 @@ def train_resuming(trainer, what, run_file, argv):
 def find_or_train(args, methods, device, dtype):
     """-> target, target_path, {method: folder of its checkpoint}, [(method, why) skipped].
     args: bench's weights, target, retrain, preset and out. Raises Unusable when --weights DIR
-    has no target that loads."""
+    has no target that loads, or when what is missing cannot be saved under --out."""
     target, target_path, found, train_dir = find(args, [m for m in methods if m in CKPT], device, dtype)
     if train_dir is None:  # --weights DIR: nothing is trained
         skipped = [(m, f"no usable {CKPT[m]} in {args.weights}") for m, d in found.items() if not d]
@@ -133,6 +133,10 @@ def train_missing(args, target, target_path, found, train_dir, device, dtype):
         print("NOTE: the gpu preset is sized for a GPU: on a CPU these minutes train it for few "
               "steps, and the benchmark then measures an under-trained target (--preset cpu has committed weights)")
     if todo:
+        try:  # before any minutes are spent: --out a file or an unwritable folder
+            check_writable(os.path.join(train_dir, CKPT.get(next(m for m in todo if m != "data"), "target.pt")))
+        except ValueError as e:
+            raise Unusable(f"{e} (bench trains what is missing into --out)") from None
         print(f"train: {', '.join(f'{m} (~{cost(m):g} min)' for m in todo)} into {train_dir}, "
               f"~{sum(map(cost, todo)):g} min in all, then the benchmark"
               + (f" ({first}'s minutes include the distillation data all drafters share)" if first else ""))

@@ -321,6 +321,17 @@ def test_validation_distill_data_comes_from_the_val_split(fake_distill, tmp_path
     assert fake_distill["splits"] == ["train", "val"] and train.shape == (4, 7) and val.shape == (2, 7)
 
 
+def test_a_torn_distillation_file_is_built_again(fake_distill, tmp_path, capsys):
+    """A cached file cut short (a copy, a full disk) ended the run in torch's zip-reader traceback."""
+    args = argparse.Namespace(out_dir=str(tmp_path), **DISTILL)
+    train, val = train_drafter.get_distill_data(None, args, "abc")
+    path = next(tmp_path.glob("distill_*.pt"))
+    path.write_bytes(path.read_bytes()[:100])
+    again, _ = train_drafter.get_distill_data(None, args, "abc")
+    assert f"distill: {path} is not usable" in capsys.readouterr().out and torch.equal(again, train)
+    assert torch.equal(train_drafter.get_distill_data(None, args, "abc")[0], train)  # and saved whole
+
+
 def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake_distill, tmp_path, capsys):
     """Other temperatures, seed or val size make other data: reusing the cached file would
     train on the wrong text without a word."""

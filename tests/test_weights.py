@@ -153,6 +153,17 @@ def test_a_target_run_killed_in_an_earlier_plan_is_resumed(tmp_path, monkeypatch
     assert resumed[1:] == [str(out / "target.run.pt"), None] and path == str(out / "target.pt") and target
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_any_training(tmp_path, monkeypatch):
+    """bench --retrain --out FILE ended in the trainer's traceback (after the bins were built);
+    now one Unusable line, which bench prints as its error, before anything is trained."""
+    monkeypatch.setattr(data, "prepare", lambda: pytest.fail("must not build the bins"))
+    monkeypatch.setattr(train, "main", lambda a: pytest.fail("must not train"))
+    (tmp_path / "out").write_text("a file")
+    with pytest.raises(weights.Unusable, match=r"out/tiny/target.pt: cannot write there \(.*out is a file, not a "
+                                               r"folder\) \(bench trains what is missing into --out\)"):
+        weights.find_or_train(args_for(tmp_path, retrain=True), ["ar"], torch.device("cpu"), torch.float32)
+
+
 def test_a_committed_target_of_another_tokenizer_falls_back_to_out(tmp_path, monkeypatch, capsys):
     save_tiny(tmp_path / "weights" / "tiny" / "target.pt", tokenizer="0123456789ab")
     save_tiny(tmp_path / "out" / "tiny" / "target.pt", seed=1)
