@@ -45,7 +45,7 @@ import torch
 import data
 import weights
 from model import PRESETS, check_writable, get_device
-from speculate import METHODS, add_drafter_flags, drafter_options, generate, load_drafter
+from speculate import DRAFTER_FLAGS, METHODS, add_drafter_flags, drafter_options, generate, load_drafter
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
 # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
@@ -385,6 +385,7 @@ def check_args(args):
         sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else []
     except ValueError as e:
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
+    temps, sizes = list(dict.fromkeys(temps)), list(dict.fromkeys(sizes))  # a repeat would print its rows twice
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
     lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
@@ -402,6 +403,8 @@ def check_args(args):
         die("--weights DIR trains nothing; --retrain trains into --out: choose one")
     if args.target and not args.weights:
         die("--target names the target for the drafters in --weights DIR; without --weights, bench finds its own")
+    if args.weights and os.path.isfile(args.weights):
+        die(f"--weights names a folder of checkpoints, not a file ({args.weights}; --target FILE names the target)")
     named = args.methods is not None
     methods = [m.strip() for m in (",".join(METHODS) if args.methods is None else args.methods).split(",") if m.strip()]
     if named and not methods:
@@ -409,6 +412,9 @@ def check_args(args):
     for m in methods:
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    for flag, (m, option, _) in DRAFTER_FLAGS.items():  # a flag for a method left out would change nothing
+        if m not in methods and getattr(args, option) != get_parser().get_default(option):
+            die(f"{flag} sets an option of {m}, which --methods leaves out")
     return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], named
 
 
@@ -458,6 +464,10 @@ def main(argv=None):
             texts, source = data.reference_prompts(args.n_prompts), "held-out prompts (weights/heldout_prompts.jsonl)"
     except ValueError as e:
         die(str(e))
+    rows = max([args.batch_size, *sizes])
+    if rows > len(texts):  # the card and the sweep would name a batch that never ran
+        die(f"a batch of {rows} rows needs at least {rows} prompts, and there are {len(texts)}"
+            + (f" in {args.prompts}" if args.prompts else " (see --n-prompts)"))
     try:
         device = get_device(args.device)
     except ValueError as e:
@@ -542,5 +552,6 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:  # checkpoints, JSON and SVG are all written temp-then-rename
         print("\ninterrupted: nothing half-written was left behind, and the same command continues any "
-              "training it was doing (target, distillation, drafters) from its last save", file=sys.stderr)
+              "training it was doing (target, distillation, drafters) from its last save, if it made one "
+              "(every few minutes: train.py --save-minutes)", file=sys.stderr)
         sys.exit(130)

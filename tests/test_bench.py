@@ -178,12 +178,23 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
-    (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers")])
+    (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers"),
+    (["--methods", "ar,eagle", "--block-size", "8"], "--block-size sets an option of dflash, which --methods leaves out"),
+    (["--methods", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp, which --methods leaves out"),
+    (["--weights", os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")], "--weights names a folder of checkpoints, not a file"),
+    (["--batch-size", "11"], "a batch of 11 rows needs at least 11 prompts, and there are 10 (see --n-prompts)"),
+    (["--n-prompts", "3", "--batch-sizes", "1,4"], "a batch of 4 rows needs at least 4 prompts, and there are 3")])
 def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(flags)
     out = capsys.readouterr()
     assert e.value.code == 2 and expect in out.err and out.out == ""  # nothing loaded before the check
+
+
+def test_a_repeated_temperature_or_batch_size_runs_once():
+    """--temperatures 0,0 printed each row twice (methods were already taken once each)."""
+    args = bench.get_parser().parse_args(["--temperatures", "0,1,0.0", "--batch-sizes", "2,1,2", "--methods", "ngram,ar,ngram"])
+    assert bench.check_args(args) == ([0.0, 1.0], [2, 1], ["ar", "ngram"], True)
 
 
 def test_an_unwritable_json_or_plot_is_refused_before_any_work(tmp_path, capsys):
