@@ -413,11 +413,11 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         else:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
-            if drafts.dim() != 2 or drafts.shape[0] != B or drafts.shape[1] > K or \
-                    (q is not None and tuple(q.shape[:2]) != tuple(drafts.shape)):  # shapes only: no sync
-                raise ValueError(f"the drafter returned drafts {tuple(drafts.shape)} and q "
-                                 f"{None if q is None else tuple(q.shape)}; the loop takes ({B}, K' <= {K}) "
-                                 f"and q None or (B, K', V)")
+            if drafts.dim() != 2 or drafts.shape[0] != B or drafts.shape[1] > K or drafts.dtype != torch.long or \
+                    (q is not None and tuple(q.shape) != (*drafts.shape, target.cfg.vocab_size)):  # no sync
+                raise ValueError(f"the drafter returned drafts {tuple(drafts.shape)} {drafts.dtype} and q "
+                                 f"{None if q is None else tuple(q.shape)}; the loop takes int64 ({B}, K' <= {K}) "
+                                 f"and q None or (B, K', {target.cfg.vocab_size})")
             if any(taken):  # finished rows ride along (done == taken here, after retire())
                 # they draft nothing (they commit nothing), and the pass is only as wide as the
                 # longest row that drafts: ngram's matches and MTP's gate differ by row. Only

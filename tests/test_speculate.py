@@ -964,21 +964,24 @@ class ShapeBreaker(NgramDrafter):
     """Returns drafts (and q) of the shape it is told: a drafter written against the interface
     wrongly."""
 
-    def __init__(self, width, q_width=None):
+    def __init__(self, width, q_width=None, q_vocab=V, dtype=torch.long):
         super().__init__()
-        self.width, self.q_width = width, q_width
+        self.width, self.q_width, self.q_vocab, self.dtype = width, q_width, q_vocab, dtype
 
     def propose(self, tokens, n, K, **kw):
-        q = None if self.q_width is None else torch.full((tokens.shape[0], self.q_width, V), 1.0 / V)
-        return torch.zeros(tokens.shape[0], self.width, dtype=torch.long), q
+        q = None if self.q_width is None else torch.full((tokens.shape[0], self.q_width, self.q_vocab), 1.0 / self.q_vocab)
+        return torch.zeros(tokens.shape[0], self.width, dtype=self.dtype), q
 
 
 def test_a_drafter_of_the_wrong_shape_is_named_not_an_index_error():
     """More than K drafts, or a q that does not match them, ended in an IndexError deep in the
     loop; the README invites drafters of your own, so the loop says what it takes."""
     target = random_target()
-    for drafter, T in [(ShapeBreaker(5), 0.0), (ShapeBreaker(3, q_width=2), 1.0)]:
-        with pytest.raises(ValueError, match=r"the drafter returned drafts .*the loop takes \(2, K' <= 4\)"):
+    # q one token narrower failed in the scan, one wider ran on its first V columns; int32 drafts
+    # ran on the CPU reference but not through the extension (GPU)
+    for drafter, T in [(ShapeBreaker(5), 0.0), (ShapeBreaker(3, q_width=2), 1.0), (ShapeBreaker(3, 3, V - 1), 1.0),
+                       (ShapeBreaker(3, 3, V + 1), 1.0), (ShapeBreaker(3, dtype=torch.int32), 0.0)]:
+        with pytest.raises(ValueError, match=r"the drafter returned drafts .*the loop takes int64 \(2, K' <= 4\)"):
             speculate.generate(target, [[1, 2], [3]], drafter, max_new_tokens=4, K=4, temperature=T)
     outs, _ = speculate.generate(target, [[1, 2]], ShapeBreaker(3, q_width=3), max_new_tokens=4, K=4, temperature=1.0)
     assert len(outs[0]) == 4  # K' < K with a matching q is within the contract
