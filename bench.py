@@ -45,7 +45,7 @@ import torch
 import data
 import weights
 from model import PRESETS, check_writable, get_device
-from speculate import DRAFTER_FLAGS, METHODS, add_drafter_flags, drafter_options, generate, load_drafter
+from speculate import METHODS, add_drafter_flags, drafter_options, generate, idle_drafter_flags, load_drafter
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
 # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
@@ -389,7 +389,8 @@ def check_args(args):
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
     lows = {"--batch-size": (args.batch_size, 1), "--repeats": (args.repeats, 1), "--K": (args.K, 1),
-            "--block-size": (2 if args.block_size is None else args.block_size, 2), "--max-new-tokens": (args.max_new_tokens, 1),
+            "--block-size": (2 if args.block_size is None else args.block_size, 2),
+            "--max-new-tokens": (args.max_new_tokens, 1),
             "--n-prompts": (args.n_prompts, 1), "--batch-sizes": (min(sizes, default=1), 1),
             "--top-k": (1 if args.top_k is None else args.top_k, 1),
             "--mtp-draft": (1 if args.mtp_draft is None else args.mtp_draft, 1), "--mtp-margin": (args.mtp_margin, 0),
@@ -412,9 +413,8 @@ def check_args(args):
     for m in methods:
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    for flag, (m, option, _) in DRAFTER_FLAGS.items():  # a flag for a method left out would change nothing
-        if m not in methods and getattr(args, option) != get_parser().get_default(option):
-            die(f"{flag} sets an option of {m}, which --methods leaves out")
+    for flag, m in idle_drafter_flags(args, get_parser(), methods):
+        die(f"{flag} sets an option of {m}, which --methods leaves out")
     return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], named
 
 

@@ -548,6 +548,12 @@ def add_drafter_flags(parser):
         parser.add_argument(flag, dest=option, **kw)
 
 
+def idle_drafter_flags(args, parser, methods):
+    """(flag, its method) for each DRAFTER_FLAGS flag given for a method not in methods: it would change nothing."""
+    return [(flag, m) for flag, (m, option, _) in DRAFTER_FLAGS.items()
+            if m not in methods and getattr(args, option) != parser.get_default(option)]
+
+
 def drafter_options(method, args):
     """The loader options DRAFTER_FLAGS give a method (dflash's block size, ...)."""
     return {option: getattr(args, option) for m, option, _ in DRAFTER_FLAGS.values() if m == method}
@@ -592,9 +598,8 @@ if __name__ == "__main__":
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         if args.weights is not None and args.method in ("ar", "ngram"):
             raise ValueError(f"--weights names the folder a drafter is loaded from; {args.method} loads none")
-        for flag, (m, option, _) in DRAFTER_FLAGS.items():
-            if m != args.method and getattr(args, option) != parser.get_default(option):
-                raise ValueError(f"{flag} sets an option of {m}; --method is {args.method}")
+        for flag, m in idle_drafter_flags(args, parser, [args.method]):
+            raise ValueError(f"{flag} sets an option of {m}; --method is {args.method}")
         target = load_target(args.ckpt, device=get_device(args.device))
         try:
             drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt),
