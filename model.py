@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -90,6 +91,14 @@ def apply_rope(x, cos, sin):
     Rotate-half convention (as in Qwen/LLaMA): pairs are (i, i + D/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)  # in float32 whatever x is, rounded once (as cuda.kv_inject)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+# Decoding runs without cuDNN's attention, the backend torch picks for grouped-query attention
+# in bfloat16 on a GPU. It builds a plan for each new shape, and decoding attends to a new number
+# of keys at every pass: ~70 ms per new length on an H200, against ~0.1 ms for a planned pass,
+# which made bfloat16 decoding 9x slower than float32 there (measured). Training's fixed shapes
+# keep it. Both decoders (`generate` below and speculate.generate) run under this.
+DECODING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Attention(nn.Module):
@@ -263,6 +272,7 @@ def draw(probs, generator=None):
 
 
 @torch.no_grad()
+@sdpa_kernel(DECODING_ATTENTION)
 def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generator=None):
     """The reference: recompute the whole sequence for every new token, no cache.
     prompt: list of token ids. Returns the new tokens (a list). Past the context it reads the

@@ -55,8 +55,9 @@ import operator
 import time
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
-from model import draw, logits_to_probs
+from model import DECODING_ATTENTION, draw, logits_to_probs
 
 
 # -----------------------------------------------------------------------------
@@ -310,6 +311,7 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
 
 
 @torch.no_grad()
+@sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None, seed=None,
              K=None, stop_token=None, batch_size=None):
     """Speculative decoding of a list of prompts (token ids: lists, arrays or 1-D tensors, any lengths).
