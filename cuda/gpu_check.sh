@@ -3,8 +3,8 @@
 #
 #   bash cuda/gpu_check.sh [LOG_DIR]        # logs go to LOG_DIR, else $OUT, else out/gpu_check
 #
-# LOG_DIR gets three files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
-# everything printed, step by step, and the JSON of the two bench runs that write one.
+# LOG_DIR gets four files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
+# everything printed, step by step, and the JSON of the three bench runs.
 #
 # 1. the GPU, driver, torch and nvcc versions
 # 2. python -m cuda: build, validate every op and kernel version, time fused vs reference at
@@ -27,8 +27,10 @@
 #    building the token bins (out/ does not travel to the device).
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
 # GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
-# whole script fits one device call (at most 600 s) even if every step hangs; expected ~4-6 min
-# on an H200 (unmeasured: the extension's first build is most of it).
+# whole script fits one device call (at most 600 s) even if every step hangs. Measured on an
+# H200 (session 38): 263 s in all; env 12 s, selfcheck 33 s (18 s of it the build), sdpa 8 s,
+# bench_fused 74 s, bench_ref 31 s, train_smoke 47 s; bench_bf16 hit its limit there before
+# decoding ran without cuDNN's attention (model.DECODING_ATTENTION).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the device image's interpreter with torch is python3 (a plain `python` may be missing there)
@@ -66,13 +68,19 @@ step env 20 bash -c "$ENV_REPORT"
 step selfcheck 110 $PY -m cuda
 # -v: a step cut off by its limit still shows which test ran last. Left out: the CPU emulation
 # (CI's stand-in for this GPU; self_check_covers runs `python -m cuda --emu`) and the
-# compile-only nvcc test (selfcheck's build just did that)
-step tests 120 $PY -m pytest -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc and not self_check_covers"
+# compile-only nvcc test (selfcheck's build just did that). -n 4 where pytest-xdist is
+# installed (the GPU image has it): a test that kills the interpreter costs one worker, not
+# the rest of the step. On the H200 image of session 38 (torch 2.11.0+cu130) every test that
+# expects the extension to refuse an argument did: TORCH_CHECK's message, formatting an
+# integer, segfaults in libstdc++ there, also in a minimal load_inline extension (README,
+# Troubleshooting); 161 of 166 passed.
+XDIST=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
+step tests 120 $PY -m pytest $XDIST -v -rs tests/test_cuda.py -k "not emu and not compile_with_nvcc and not self_check_covers"
 step sdpa 20 $PY -m cuda.sdpa_probe
 B="$PY bench.py --device cuda --preset cpu"
 step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
-step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0
+step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0 --json "$LOG/bench_bf16.json"
 TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
 $PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 --mtp-depth 2 --eval-every 10 --eval-batches 2 --quality-prompts 0 --out-path "$W/target.pt" &&
 for m in mtp eagle dflash; do
