@@ -11,7 +11,10 @@ K/V heads by hand (no enable_gqa), which the fused kernels take with a mask:
     python -m cuda.sdpa_probe               # cuda if present, else cpu; part of cuda/gpu_check.sh
     python -m cuda.sdpa_probe --device cpu --repeat 20
 
-Nothing in the project depends on it: it is a measurement for the first GPU session.
+Nothing in the project depends on it. On an H200 (session 38, docs/experiments.md) float32
+went to math as reported, and expanding by hand was faster (0.14 against 0.21 ms a call); in
+bfloat16 cuDNN took it, fast once planned, but it plans every new shape (~70 ms), so decoding
+runs without it (model.DECODING_ATTENTION) and gets math there too. Times here exclude planning.
 """
 
 import argparse
