@@ -45,7 +45,8 @@ import torch
 import data
 import weights
 from model import PRESETS, check_writable, get_device
-from speculate import METHODS, add_drafter_flags, drafter_options, generate, idle_drafter_flags, load_drafter
+from methods import METHODS, add_drafter_flags, drafter_options, idle_drafter_flags, load_drafter
+from speculate import generate
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
 # real code repeats ~2 % of its 8-grams in 128 tokens (DESIGN sec. 2)
@@ -343,7 +344,7 @@ def get_parser():
                    "(first temperature only)")
     g.add_argument("--K", type=int, default=7, help="draft length for ngram/draft/eagle (EAGLE-3's 7; 15 gives the "
                    "DFlash-16 budget); mtp drafts its depth or --mtp-draft (default: %(default)s)")
-    add_drafter_flags(g)  # --block-size, --dflash-argmax, --mtp-draft, --mtp-margin (speculate.py)
+    add_drafter_flags(g)  # --block-size, --dflash-argmax, --mtp-draft, --mtp-margin (methods.py)
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method (default: %(default)s)")
     g.add_argument("--repeats", type=int, default=1,
                    help="timed runs per row, made in rounds over all rows; the median is reported (default: %(default)s)")

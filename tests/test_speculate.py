@@ -27,6 +27,7 @@ import pytest
 import torch
 
 import cuda
+import methods
 import model
 import speculate
 from data import ROOT
@@ -865,12 +866,12 @@ def test_bad_input_raises_clear_errors(monkeypatch):
             gen(text)
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
-        speculate.load_drafter("medusa", target, "out")
-    monkeypatch.setattr(speculate, "METHODS", speculate.METHODS + ("medusa",))  # added without its loader
+        methods.load_drafter("medusa", target, "out")
+    monkeypatch.setattr(methods, "METHODS", methods.METHODS + ("medusa",))  # added without its loader
     with pytest.raises(ValueError, match="medusa is in METHODS, but drafter_loader has no branch for it"):
-        speculate.load_drafter("medusa", target, "out")
-    assert speculate.load_drafter("ar", target, "out") is None
-    assert isinstance(speculate.load_drafter("ngram", target, "out"), NgramDrafter)
+        methods.load_drafter("medusa", target, "out")
+    assert methods.load_drafter("ar", target, "out") is None
+    assert isinstance(methods.load_drafter("ngram", target, "out"), NgramDrafter)
 
 
 def test_arguments_of_the_wrong_kind_are_named_not_lost():
@@ -895,11 +896,11 @@ def test_arguments_of_the_wrong_kind_are_named_not_lost():
         assert gen(stop_token=stop)[0][0] == plain[:plain.index(plain[2]) + 1]
     assert gen(K=np.int64(3), max_new_tokens=np.int32(8))[0][0] == plain
     with pytest.raises(TypeError, match="ngram takes no option ngram_m; its options: ngram_n"):
-        speculate.load_drafter("ngram", target, "out", ngram_m=2)
+        methods.load_drafter("ngram", target, "out", ngram_m=2)
     with pytest.raises(TypeError, match="eagle takes no option block_size; its options: none"):
-        speculate.load_drafter("eagle", target, "out", block_size=8)
+        methods.load_drafter("eagle", target, "out", block_size=8)
     with pytest.raises(TypeError, match="mtp takes no option block_size; its options: mtp_draft, mtp_margin"):
-        speculate.load_drafter("mtp", target, "out", block_size=8)  # read from mtp.load_drafter's signature
+        methods.load_drafter("mtp", target, "out", block_size=8)  # read from mtp.load_drafter's signature
     for n, min_n in ((0, 1), (2, 3), (3, 0)):
         with pytest.raises(ValueError, match=f"1 <= min_n <= n, got n={n}, min_n={min_n}"):
             NgramDrafter(n=n, min_n=min_n)
@@ -1128,7 +1129,7 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
 
 
 def test_cli_drafter_flags_reach_the_loader(tmp_path, monkeypatch, capsys):
-    """bench.py's --block-size, --dflash-argmax, --mtp-draft and --mtp-margin (speculate.DRAFTER_FLAGS)
+    """bench.py's --block-size, --dflash-argmax, --mtp-draft and --mtp-margin (methods.DRAFTER_FLAGS)
     set the same options here, on the committed weights."""
     args = ("--ckpt", os.path.join(ROOT, "weights", "cpu", "target.pt"), "--prompt", "def parse(", "--max-new-tokens", "16")
     out = run_cli(tmp_path, monkeypatch, capsys, *args, "--method", "dflash", "--block-size", "8", "--dflash-argmax",
@@ -1151,7 +1152,7 @@ def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypa
 
 def readme_drafter_of_your_own():
     """The README's "Write a drafter of your own" section and its two python blocks: the
-    drafter (run as mine.py) and the branch that puts it in speculate.drafter_loader."""
+    drafter (run as mine.py) and the branch that puts it in methods.drafter_loader."""
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = readme.split("### Write a drafter of your own")[1].split("\n## ")[0]
     blocks = [b.split("```")[0] for b in section.split("```python\n")[1:]]
@@ -1172,17 +1173,17 @@ def test_the_readme_drafter_of_your_own_runs_and_is_lossless():
 
 
 def test_the_readme_loader_branch_puts_the_drafter_of_your_own_in_bench(tmp_path, monkeypatch, capsys):
-    """The README's second block, a branch at the top of speculate.drafter_loader, with the
+    """The README's second block, a branch at the top of methods.drafter_loader, with the
     first block saved as mine.py: bench then loads and runs the method by name, losslessly."""
     import bench
     _, (mine, branch) = readme_drafter_of_your_own()
     (tmp_path / "mine.py").write_text(mine)
     monkeypatch.syspath_prepend(str(tmp_path))
-    namespace = {"builtin": speculate.drafter_loader}
+    namespace = {"builtin": methods.drafter_loader}
     exec("def drafter_loader(method):\n" + branch + "    return builtin(method)\n", namespace)
-    for module in (speculate, bench):
-        monkeypatch.setattr(module, "METHODS", speculate.METHODS + ("bigram",))
-    monkeypatch.setattr(speculate, "drafter_loader", namespace["drafter_loader"])
+    for module in (methods, bench):
+        monkeypatch.setattr(module, "METHODS", methods.METHODS + ("bigram",))
+    monkeypatch.setattr(methods, "drafter_loader", namespace["drafter_loader"])
     results = bench.main(["--methods", "ngram,bigram", "--n-prompts", "2", "--max-new-tokens", "16",
                           "--temperatures", "0"])
     assert [(r["method"], r["lossless"]) for r in results] == [("ar", True), ("ngram", True), ("bigram", True)], \
