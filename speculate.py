@@ -20,12 +20,15 @@ and is the first token of the next verify pass.
 
 The drafter interface (the one seam of this repo; ngram and draft live here, mtp.py,
 draft_eagle.py and draft_diffusion.py hold the others):
-    hidden_layers                 target layers whose hidden states the drafter needs; feats
-                                  below are those states concatenated (F = len(hidden_layers) * C)
+    hidden_layers                 target layers whose hidden states the drafter needs, increasing,
+                                  each once; feats below are those states concatenated in that
+                                  order (F = len(hidden_layers) * C)
     prefill(tokens, n, feats)     after the prompt pass; feats (B, T, F) for the padded prompts
                                   (a shorter row's positions n[b]-1.. are padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K'), q (B, K', V) | None
-                                  K' <= K; q None means the drafts are argmax picks (q one-hot);
+                                  K' <= K; q None means q one-hot at each draft (argmax picks;
+                                  lossless for sampled drafts too); else, when sampling, q must
+                                  be the probabilities each draft was drawn from (checked);
                                   NO_DRAFT (-1) in a row's last slots marks its drafts as
                                   ending early (a suffix): that slot is rejected and its token
                                   drawn from p alone, so a row with fewer drafts decodes as it
@@ -37,18 +40,19 @@ draft_eagle.py and draft_diffusion.py hold the others):
     refill(b, tokens, n, feats)   row b holds a new prompt (continuous batching): tokens[b, :n[b]]
                                   committed, the first n[b]-1 fed, feats (1, n[b]-1, F) theirs;
                                   forget the old prompt and catch up on this one, on row b alone
-tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts. Whatever a
-drafter computed tentatively inside propose it rolls back itself. generate checks the shapes
-propose returns (README: "Write a drafter of your own" is a short example).
+tokens is the (B, T_max) buffer of committed tokens and n (B,) their counts, the loop's: a
+drafter reads them (and n_new), and generate refuses a call that wrote into one. Whatever a
+drafter computed tentatively inside propose it rolls back itself. generate checks what propose
+returns (README: "Write a drafter of your own" is a short example and lists the checks).
 
     python speculate.py --method dflash --prompt "def parse(" --check   # the committed weights
 
-About 550 lines against DESIGN's ~350: the loop (generate) is ~175 of them (with continuous
-batching) and the checks of its inputs ~50 more; the reference acceptance scan, the two
-drafters that read no target features (ngram, which needs no training, and a small draft
-model, trained like any LM by `train.py --preset cpu-draft --out-path out/cpu/draft.pt`) and
-the one-prompt CLI share the file. Which drafter a method name means, with which options, is
-methods.py.
+About 640 lines against DESIGN's ~350: the loop (generate) is ~200 of them (with continuous
+batching), and the checks of its inputs and of what a drafter returns ~95 more; the reference
+acceptance scan, the two drafters that read no target features (ngram, which needs no
+training, and a small draft model, trained like any LM by `train.py --preset cpu-draft
+--out-path out/cpu/draft.pt`) and the one-prompt CLI share the file. Which drafter a method
+name means, with which options, is methods.py.
 """
 
 import argparse
@@ -258,6 +262,59 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+Q_SUM_TOL = 1e-3  # how far from 1 a float32 row of q may sum (proposal_ok says why)
+
+
+def proposal_ok(drafts, q, V):
+    """When sampling, one boolean tensor (no sync of its own): every real draft (>= 0) is a
+    token id below V and, with a q, its row of q is a distribution over the vocabulary that gives
+    the draft mass. The scan trusts all of that: with log-probs every draft was accepted (the
+    output 0.85 in TV from the target's distribution), 2q or negative entries bent the ratio
+    test and the residual, NaN off the draft hid behind the residual's fallback to p, q(d) = 0
+    accepted d always, d >= V indexed past p. Rows of empty slots (NO_DRAFT) are never read, so
+    they may hold anything."""
+    ok = drafts < V
+    if q is not None:
+        # tolerance of the row sums: a float32 softmax over V up to ~150k sums to 1 within 1.2e-5
+        # (measured on CPU; ~1e-4 bounds other reduction orders), and 1e-3 leaves 10x room over
+        # that while a q off by it moves the output by about as little. A q in a narrower dtype
+        # (the scan reads it as float32) adds its own rounding, at most eps/2 of the mass if all
+        # entries round one way (bf16: up to 1.9e-3 measured), hence + eps. NaN and inf fail
+        # min >= 0 or the sum, so "finite" needs no pass of its own.
+        tol = Q_SUM_TOL + torch.finfo(q.dtype).eps
+        q_d = q.gather(2, drafts.clamp(0, V - 1)[..., None])[..., 0]
+        dist = (q.amin(-1) >= 0) & ((q.sum(-1, dtype=torch.float32) - 1).abs() <= tol) & (q_d > 0)
+        ok &= dist | (drafts < 0)
+    return ok.all()
+
+
+def proposal_mistake(drafts, q, V):
+    """What proposal_ok refused, in the drafter author's words (run only after it failed)."""
+    if bool((drafts >= V).any()):
+        return f"the drafter drafted token {int(drafts.max())}, past the vocabulary (ids 0..{V - 1}, NO_DRAFT = -1 " \
+               f"for an empty slot)"
+    has = drafts >= 0
+    rows, q_d = q[has].float(), q.gather(2, drafts.clamp(min=0)[..., None])[..., 0][has]
+    mass = rows.sum(-1)
+    if not bool(torch.isfinite(rows).all()):
+        why = "q holds NaN or inf"
+    elif bool((rows < 0).any()):
+        why = f"q holds negative entries (down to {float(rows.min()):.3g}): log-probabilities? softmax the logits"
+    elif not bool((q_d > 0).all()):
+        why = "q is 0 at a token the drafter drafted: drafts must be drawn from q"
+    else:
+        why = f"a row of q sums to {float(mass[(mass - 1).abs().argmax()]):.6g}, not 1 within " \
+              f"{Q_SUM_TOL + torch.finfo(q.dtype).eps:.1e} (the tolerance for {q.dtype})"
+    return "drafter q must be probabilities over the vocabulary (finite, >= 0, each row summing to 1, > 0 at " \
+           f"every real draft): {why}"
+
+
+def versions(tensors):
+    """Autograd's count of in-place writes to each tensor (its views' included): reading it
+    costs nothing, no copy and no sync. Tensors made under torch.inference_mode keep none."""
+    return [None if t.is_inference() else t._version for t in tensors]
+
+
 def integer(name, v, low=None, what="an integer"):
     """v as an int (a numpy or 0-d tensor integer too): 2.0 or "4" would fail deep in torch or
     slice silently, and a list given as a stop token would never equal one."""
@@ -308,6 +365,10 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
     if not all(0 <= l <= target.cfg.n_layer for l in drafter.hidden_layers):  # else no features, or a shape error
         raise ValueError(f"the drafter reads target layers {tuple(drafter.hidden_layers)}, but this target's are "
                          f"0..{target.cfg.n_layer} (0 the embeddings): was the drafter built for another target?")
+    layers = list(drafter.hidden_layers)
+    if layers != sorted(set(layers)):  # the target returns each layer once, in depth order (model.forward)
+        raise ValueError(f"the drafter's hidden_layers {tuple(layers)} must increase, each layer once: the target "
+                         f"returns them in depth order, once each, so a repeat or another order gets other features")
     return prompts, max_new_tokens, top_k, min(K, getattr(drafter, "max_K", K)), stop_token, batch_size
 
 
@@ -327,7 +388,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     prompts, max_new_tokens, top_k, K, stop_token, batch_size = check_inputs(
         target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
-    device = target.head.weight.device
+    device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
     # NOTE: the commit step never takes a row past its budget (n - lens <= max_new_tokens), but a
@@ -339,6 +400,17 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                          f"positions of draft headroom exceeds the target's context of {target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
+
+    def call(name, *args, state, **kw):
+        """drafter.<name>(*args, **kw). The tensors in state (tokens, n, n_new) are the loop's,
+        the drafter's to read: a write into a committed token or a count changed the output or
+        kept generate from returning. Counted, not prevented by a copy per pass (free, and loud)."""
+        before = versions(state)
+        out = getattr(drafter, name)(*args, **kw)
+        if versions(state) != before:
+            raise ValueError(f"the drafter's {name} wrote into the tokens, n or n_new it was given: they are the "
+                             f"loop's committed tokens and counts, to read only (copy them to change them)")
+        return out
 
     def pick(logits):  # one token per row from (B, V) logits, as plain decoding would
         if not sampling:
@@ -369,7 +441,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         done |= first == stop_token
     done |= n - lens >= max_new_tokens
     if drafter is not None:
-        drafter.prefill(tokens, n, torch.cat(hidden, -1) if hidden else None)
+        call("prefill", tokens, n, torch.cat(hidden, -1) if hidden else None, state=(tokens, n))
     _sync(device); stats["verify_s"] += time.perf_counter() - t0
     rows = torch.arange(B, device=device)
 
@@ -393,7 +465,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         lens[b], n[b], slot[b], taken[b] = len(pr), len(pr) + 1, i, False
         done[b] = max_new_tokens == 1 or (stop_token is not None and bool(nxt[0] == stop_token))
         if drafter is not None:
-            drafter.refill(b, tokens, n, torch.cat(hidden, -1) if hidden else None)
+            call("refill", b, tokens, n, torch.cat(hidden, -1) if hidden else None, state=(tokens, n))
         _sync(device); stats["verify_s"] += time.perf_counter() - t0  # a prefill, timed like the first
         stats["verify_passes"] += 1
         stats["row_passes"][i] = 1
@@ -415,12 +487,13 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         if drafter is None:
             drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         else:
-            drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
+            drafts, q = call("propose", tokens, n, K, temperature=temperature, top_k=top_k, generator=g,
+                             state=(tokens, n))
             if drafts.dim() != 2 or drafts.shape[0] != B or drafts.shape[1] > K or drafts.dtype != torch.long or \
-                    (q is not None and tuple(q.shape) != (*drafts.shape, target.cfg.vocab_size)):  # no sync
-                raise ValueError(f"the drafter returned drafts {tuple(drafts.shape)} {drafts.dtype} and q "
-                                 f"{None if q is None else tuple(q.shape)}; the loop takes int64 ({B}, K' <= {K}) "
-                                 f"and q None or (B, K', {target.cfg.vocab_size})")
+                    (q is not None and (tuple(q.shape) != (*drafts.shape, V) or not q.dtype.is_floating_point)):
+                raise ValueError(f"the drafter returned drafts {tuple(drafts.shape)} {drafts.dtype} and q "  # no sync
+                                 f"{None if q is None else (tuple(q.shape), q.dtype)}; the loop takes int64 "
+                                 f"({B}, K' <= {K}) and q None or floating (B, K', {V})")
             if any(taken):  # finished rows ride along (done == taken here, after retire())
                 # they draft nothing (they commit nothing), and the pass is only as wide as the
                 # longest row that drafts: ngram's matches and MTP's gate differ by row. Only
@@ -428,11 +501,17 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 drafts = torch.where(done[:, None], NO_DRAFT, drafts)
                 width = int((drafts >= 0).any(0).sum())
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
+            # when sampling, the scan trusts q to be what the drafts were drawn from: check it in one
+            # host sync, where the loop waits for the drafter anyway (_sync below); greedy reads
+            # no q, and its drafts are checked in the pass's one transfer of counts
+            if sampling and not bool(proposal_ok(drafts, q, V)):
+                raise ValueError(proposal_mistake(drafts, q, V))
         Kd = drafts.shape[1]  # K' <= K
         _sync(device); t1 = time.perf_counter()
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (K' = Kd)
-        # (an empty slot feeds token 0: nothing from it on is accepted, and the cache rolls back)
-        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)  # (B, K'+1)
+        # (an empty slot feeds token 0, a draft past the vocabulary V - 1, refused below: nothing
+        # from it on is accepted, and the cache rolls back)
+        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(0, V - 1)], 1)  # (B, K'+1)
         logits, hidden = target(x, cache, hidden_layers=layers)    # (B, K'+1, V)
         # 3-4. accept a prefix of the drafts, then one token of the target's own
         if sampling:
@@ -458,18 +537,20 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         n = n + n_new
         cache.rollback(n - 1)
         if drafter is not None:
-            drafter.update(tokens, n, torch.cat(hidden, -1) if hidden else None, n_new)
+            call("update", tokens, n, torch.cat(hidden, -1) if hidden else None, n_new, state=(tokens, n, n_new))
         _sync(device); t2 = time.perf_counter()
         stats["draft_s"] += t1 - t0
         stats["verify_s"] += t2 - t1
         stats["verify_passes"] += 1
-        # per-position acceptance over the active rows that drafted there, moved to the host
-        # in one transfer
+        # per-position acceptance over the active rows that drafted there, and whether a draft
+        # was past the vocabulary (greedy never accepts one), moved to the host in one transfer
         active = ~done
         drafted = (drafts >= 0) & active[:, None]                   # (B, K')
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)
-        host = torch.cat([active.long(), drafted.sum(0), accepted]).tolist()
-        active, attempts, accepted = host[:B], host[B:B + Kd], host[B + Kd:]
+        host = torch.cat([active.long(), drafted.sum(0), accepted, drafts.amax(0)]).tolist()
+        active, attempts, accepted, top = host[:B], host[B:B + Kd], host[B + Kd:B + 2 * Kd], host[B + 2 * Kd:]
+        if max(top, default=0) >= V:
+            raise ValueError(proposal_mistake(drafts, q, V))
         for b, a in enumerate(active):
             stats["row_passes"][slot[b]] += a
         for i in range(Kd):

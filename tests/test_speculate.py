@@ -983,13 +983,13 @@ class ShapeBreaker(NgramDrafter):
     """Returns drafts (and q) of the shape it is told: a drafter written against the interface
     wrongly."""
 
-    def __init__(self, width, q_width=None, q_vocab=V, dtype=torch.long):
+    def __init__(self, width, q_width=None, q_vocab=V, dtype=torch.long, fill=0):
         super().__init__()
-        self.width, self.q_width, self.q_vocab, self.dtype = width, q_width, q_vocab, dtype
+        self.width, self.q_width, self.q_vocab, self.dtype, self.fill = width, q_width, q_vocab, dtype, fill
 
     def propose(self, tokens, n, K, **kw):
         q = None if self.q_width is None else torch.full((tokens.shape[0], self.q_width, self.q_vocab), 1.0 / self.q_vocab)
-        return torch.zeros(tokens.shape[0], self.width, dtype=self.dtype), q
+        return torch.full((tokens.shape[0], self.width), self.fill, dtype=self.dtype), q
 
 
 def test_a_drafter_of_the_wrong_shape_is_named_not_an_index_error():
@@ -1004,6 +1004,137 @@ def test_a_drafter_of_the_wrong_shape_is_named_not_an_index_error():
             speculate.generate(target, [[1, 2], [3]], drafter, max_new_tokens=4, K=4, temperature=T)
     outs, _ = speculate.generate(target, [[1, 2]], ShapeBreaker(3, q_width=3), max_new_tokens=4, K=4, temperature=1.0)
     assert len(outs[0]) == 4  # K' < K with a matching q is within the contract
+
+
+class QBreaker(ModelDrafter):
+    """A draft model whose drafts and q pass through `bend(drafts, q)` before the loop sees
+    them: the mistakes a drafter of one's own can make with q."""
+
+    def __init__(self, bend):
+        super().__init__(near_model_for(random_target()))
+        self.bend = bend
+
+    def propose(self, tokens, n, K, **kw):
+        return self.bend(*super().propose(tokens, n, K, **kw))
+
+
+def nan_off_the_draft(d, q):
+    q = q.clone()
+    q.scatter_(2, (d[..., None] + 1) % V, float("nan"))  # a token beside the draft: the residual's fallback hid it
+    return d, q
+
+
+def zero_at_the_draft(d, q):
+    q = q.scatter(2, d[..., None], 0.0)
+    return d, q / q.sum(-1, keepdim=True)  # a distribution, but one the draft was not drawn from
+
+
+NOT_Q = r"drafter q must be probabilities over the vocabulary \(finite, >= 0, each row summing to 1, > 0 at every " \
+        r"real draft\): "
+
+
+@pytest.mark.parametrize("bend, why", [
+    (lambda d, q: (d, q.log()), NOT_Q + "q holds negative entries .*log-probabilities"),  # was TV 0.85 from p
+    (lambda d, q: (d, 2 * q), NOT_Q + "a row of q sums to 2"),
+    (lambda d, q: (d, 1.5 * q - 0.5 / V), NOT_Q + "q holds negative entries"),  # rows still sum to 1
+    (nan_off_the_draft, NOT_Q + "q holds NaN or inf"),
+    (zero_at_the_draft, NOT_Q + "q is 0 at a token the drafter drafted"),
+    (lambda d, q: (d + V, q), rf"the drafter drafted token \d+, past the vocabulary \(ids 0\.\.{V - 1}"),  # IndexError
+])
+def test_a_q_that_is_not_the_drafts_distribution_is_refused(bend, why):
+    """When sampling, the scan takes q as the distribution each draft was drawn from; one that
+    is not (log-probs, 2q, negative or NaN entries, no mass at the draft) ran silently and
+    changed the output's distribution. It is now refused in one line naming what is wrong."""
+    with pytest.raises(ValueError, match=why):
+        speculate.generate(random_target(), [[1, 2], [3]], QBreaker(bend), max_new_tokens=8, K=3,
+                           temperature=1.0, seed=0)
+
+
+def test_greedy_reads_no_q_and_checks_none():
+    """The checks of q cost greedy decoding nothing: it never reads q, so any q runs there."""
+    target = random_target()
+    junk = QBreaker(lambda d, q: (d, torch.full((*d.shape, V), -1.0)))
+    assert speculate.generate(target, [[1, 2]], junk, max_new_tokens=8, K=3)[0] == [naive_generate(target, [1, 2], 8)]
+
+
+def test_a_draft_past_the_vocabulary_is_named_when_greedy_too():
+    """Greedy reads no q, but a draft id >= V was an IndexError in the target's embedding (a
+    device-side assert on a GPU); it is now fed as V - 1 (never accepted) and named after the
+    pass, in the transfer of counts the pass makes anyway."""
+    with pytest.raises(ValueError, match=rf"the drafter drafted token {V + 2}, past the vocabulary"):
+        speculate.generate(random_target(), [[1, 2]], ShapeBreaker(3, fill=V + 2), max_new_tokens=8, K=3)
+
+
+def test_q_in_a_narrower_dtype_and_junk_at_empty_slots_are_accepted():
+    """The scan reads q as float32 (the reference and the extension), so a bf16 or fp16 q costs
+    only its own rounding (~1e-3 in TV per step in bf16, measured); the row sums are checked
+    with that much room. Rows of empty slots (NO_DRAFT) are never read: they may hold anything."""
+    target = random_target()
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        outs, _ = speculate.generate(target, [[1, 2], [3]], QBreaker(lambda d, q: (d, q.to(dtype))),
+                                     max_new_tokens=8, K=3, temperature=1.0, seed=0)
+        assert [len(o) for o in outs] == [8, 8]
+
+    def empty_last_slot(d, q):
+        d, q = d.clone(), q.clone()
+        d[0, -1], q[0, -1] = NO_DRAFT, float("nan")
+        return d, q
+    outs, _ = speculate.generate(target, [[1, 2], [3]], QBreaker(empty_last_slot), max_new_tokens=8, K=3,
+                                 temperature=1.0, seed=0)
+    assert [len(o) for o in outs] == [8, 8]
+
+
+class Scribbler(NgramDrafter):
+    """Writes into the state the loop hands it (tokens, n, n_new) once, in method `where`."""
+
+    def __init__(self, where, write):
+        super().__init__()
+        self.where, self.write, self.wrote = where, write, False
+
+    def scribble(self, where, *state):
+        if where == self.where and not self.wrote:
+            self.write(*state)
+            self.wrote = True
+
+    def prefill(self, tokens, n, feats):
+        self.scribble("prefill", tokens, n)
+
+    def refill(self, b, tokens, n, feats):
+        self.scribble("refill", tokens, n)
+
+    def propose(self, tokens, n, K, **kw):
+        self.scribble("propose", tokens, n)
+        return super().propose(tokens, n, K, **kw)
+
+    def update(self, tokens, n, feats, n_new):
+        self.scribble("update", tokens, n, n_new)
+
+
+def pending_to_zero(tokens, n, *_):
+    tokens[torch.arange(len(n)), n - 1] = 0  # the committed token the next pass starts from
+
+
+@pytest.mark.parametrize("where, write", [("propose", pending_to_zero), ("propose", lambda t, n: n.add_(1)),
+                                          ("update", pending_to_zero), ("update", lambda t, n, n_new: n_new.zero_()),
+                                          ("prefill", pending_to_zero), ("refill", pending_to_zero)])
+def test_a_drafter_writing_into_the_loops_tokens_or_counts_is_refused(where, write):
+    """tokens, n and n_new are handed to the drafter to read. A write into a committed token or
+    a count changed the output (an n moved down each pass kept generate from returning); now the
+    call that wrote is named. Autograd's version counters see the write: no copy per pass. (n_new
+    is not read after update today, so that write was harmless; it is refused with the rest.)"""
+    target = loopy_target()
+    with pytest.raises(ValueError, match=rf"the drafter's {where} wrote into the tokens, n or n_new it was given"):
+        speculate.generate(target, [list(p) for p in prompts("repetitive")[:2]], Scribbler(where, write),
+                           max_new_tokens=12, K=4, batch_size=1)
+
+
+def test_hidden_layers_must_increase_each_once():
+    """The target returns the layers a drafter asks for once each, in depth order: (2, 2) got
+    one layer's features where the drafter expected two (a shape error in its own layers), (2, 1)
+    got them swapped (silently other features)."""
+    for layers in ((1, 1), (2, 1), (0, 2, 2)):
+        with pytest.raises(ValueError, match=r"hidden_layers \(.*\) must increase, each layer once"):
+            speculate.generate(random_target(), [[1, 2]], Misplaced(layers), max_new_tokens=4)
 
 
 def test_a_draft_model_with_a_shorter_context_is_refused_before_it_runs_out():
