@@ -45,7 +45,7 @@ import torch
 import data
 import weights
 from model import PRESETS, check_writable, get_device
-from methods import METHODS, add_drafter_flags, drafter_options, idle_drafter_flags, load_drafter
+from methods import METHODS, MODULES, add_drafter_flags, drafter_options, idle_drafter_flags, load_drafter
 from speculate import generate
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
@@ -428,8 +428,8 @@ def load_methods(args, methods, named, device, dtype):
             die(f"{m} was asked for in --methods, but {why}")
         print(f"skipping {m}: {why}")
 
-    for m in [m for m in methods if m in weights.MODULE and importlib.util.find_spec(weights.MODULE[m]) is None]:
-        skip(m, f"{weights.MODULE[m]}.py is missing, so it can be neither loaded nor trained")
+    for m in [m for m in methods if m in MODULES and importlib.util.find_spec(MODULES[m]) is None]:
+        skip(m, f"{MODULES[m]}.py is missing, so it can be neither loaded nor trained")
         methods.remove(m)
     try:
         target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)

@@ -18,6 +18,8 @@ import model
 from speculate import ModelDrafter, NgramDrafter
 
 METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
+# the drafters that read target features (train_drafter.py trains them) -> the file that holds each
+MODULES = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
 
 
 def drafter_loader(method):
@@ -32,8 +34,7 @@ def drafter_loader(method):
             w = target.head.weight
             return ModelDrafter(model.load_target(os.path.join(out_dir, "draft.pt"), device=w.device, dtype=w.dtype))
         return load_draft_model
-    # imported on demand: a run of one method loads no other drafter's code
-    module = dict(mtp="mtp", eagle="draft_eagle", dflash="draft_diffusion").get(method)
+    module = MODULES.get(method)  # imported on demand: a run of one method loads no other drafter's code
     if module is None:
         raise ValueError(f"{method} is in METHODS, but drafter_loader has no branch for it")
     return importlib.import_module(module).load_drafter

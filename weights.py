@@ -23,11 +23,10 @@ import time
 
 import data
 import train  # the target's and draft model's trainer; its run_path names every run file
+from methods import MODULES
 from model import check_writable, load_checkpoint, load_target, weights_hash
 
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
-# the drafters train_drafter.py trains (on distillation data they share) -> their module
-MODULE = {"mtp": "mtp", "eagle": "draft_eagle", "dflash": "draft_diffusion"}
 # Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;
 # trained this briefly the target loops, which bench's card then says: the committed weights
 # are the real benchmark). Distillation data is built once and shared by the three drafters.
@@ -127,7 +126,7 @@ def train_missing(args, target, target_path, found, train_dir, device, dtype):
     todo = ["target"] * (target is None) + [m for m, d in found.items() if not d]
     if todo and not os.path.exists(os.path.join(data.DATA_OUT, "data", "meta.json")):
         todo.insert(0, "data")
-    first = next((m for m in todo if m in MODULE), None)  # it builds the distillation data
+    first = next((m for m in todo if m in MODULES), None)  # it builds the distillation data they share
     cost = lambda m: MINUTES[m] + (MINUTES["distill"] if m == first else 0)
     if "target" in todo and device.type == "cpu" and args.preset == "gpu":
         print("NOTE: the gpu preset is sized for a GPU: on a CPU these minutes train it for few "
