@@ -157,6 +157,18 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     assert e.value.code == 2 and "prompt 2" in capsys.readouterr().err
 
 
+
+def test_a_drafter_whose_file_is_missing_is_named(weights, prompts_file, monkeypatch, capsys):
+    """A fork without draft_eagle.py: --methods eagle ends in one line naming the file
+    (methods.MODULES maps each feature drafter to its file), before any loading or training."""
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "draft_eagle" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--weights", str(weights), "--methods", "ar,eagle", "--prompts", str(prompts_file)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "eagle was asked for in --methods, but draft_eagle.py is missing" in err, err
+
 @pytest.mark.parametrize("flags, expect", [
     (["--n-prompts", "0"], "--n-prompts must be >= 1, got 0"),
     (["--n-prompts", str(data.N_REFERENCE_PROMPTS + 1)], f"holds {data.N_REFERENCE_PROMPTS} prompts"),
