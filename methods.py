@@ -1,10 +1,10 @@
 """
-Which drafter, by name: the registry that bench.py and speculate.py's command line share.
-A method is a name in METHODS and a loader, loader(target, out_dir,
-**options) -> drafter (None for plain decoding), that builds the drafter from its checkpoint
-beside the target; the loader's keyword arguments with defaults are the method's options.
-DRAFTER_FLAGS turns some of them into command-line flags, the same in bench.py and
-speculate.py. README, "Write a drafter of your own", adds a method here.
+Which drafter, by name: the registry that bench.py, speculate.py's command line and weights.py
+share. A method is a name in METHODS and a loader, loader(target, out_dir, **options) ->
+drafter (None for plain decoding), that builds the drafter from its checkpoint beside the
+target; the loader's keyword arguments with defaults are the method's options. DRAFTER_FLAGS
+turns some of them into command-line flags, the same in bench.py and speculate.py. README,
+"Write a drafter of your own", adds a method here.
 
     import methods
     drafter = methods.load_drafter("dflash", target, "weights/cpu", block_size=8)
