@@ -34,9 +34,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from draft_simple import draft_token, ragged_positions
 from kv_cache import KVCache
 from model import MLP, Attention, RMSNorm, weights_hash, load_checkpoint
-from speculate import draft_token, ragged_positions
 
 
 def default_layers(L):

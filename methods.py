@@ -15,7 +15,7 @@ import inspect
 import os
 
 import model
-from speculate import ModelDrafter, NgramDrafter
+from draft_simple import ModelDrafter, NgramDrafter
 
 METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
 # the drafters that read target features (train_drafter.py trains them) -> the file that holds each

@@ -34,9 +34,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from draft_simple import draft_token, ragged_positions
 from kv_cache import KVCache
 from model import Block, RMSNorm, weights_hash, load_checkpoint
-from speculate import NO_DRAFT, draft_token, ragged_positions
+from speculate import NO_DRAFT
 
 
 class MTPModule(nn.Module):

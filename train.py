@@ -77,7 +77,7 @@ def lookup_hit_rate(prompt, cont):
     """How often prompt lookup (1-token draft) guesses the next token of a continuation. Without
     a match it guesses the last token again, as `ngram` drafted until it learned to draft
     nothing there (commit 279b253), so the rates stay comparable with the older ones recorded."""
-    from speculate import NgramDrafter
+    from draft_simple import NgramDrafter
     look, hits = NgramDrafter(n=3), 0
     for t in range(len(cont)):
         seq = prompt + cont[:t]

@@ -31,8 +31,9 @@ import methods
 import model
 import speculate
 from data import ROOT
+from draft_simple import ModelDrafter, NgramDrafter
 from model import Config, PRESETS, Transformer, generate as naive_generate, logits_to_probs
-from speculate import NO_DRAFT, ModelDrafter, NgramDrafter, accept_scan_ref
+from speculate import NO_DRAFT, accept_scan_ref
 from test_model import save_tiny, tiny_model
 
 V = 97  # tiny_model's vocabulary

@@ -1,0 +1,134 @@
+"""
+The two drafters that read no target features, and the helpers every drafter with a cache of
+its own shares (mtp.py and draft_eagle.py use them too). The interface they implement is in
+speculate.py's docstring.
+
+  ngram  prompt lookup (Saxena 2023): the tokens that followed the latest earlier occurrence
+         of the last n committed tokens. No training, no model, no q.
+  draft  a smaller model of the target's family with its own KV cache drafts K tokens one at
+         a time (Leviathan et al. 2023); when sampling it returns its real q. Trained like any
+         LM: `python train.py --preset cpu-draft --out-path out/cpu/draft.pt`.
+
+    python speculate.py --method ngram --prompt "def parse("
+"""
+
+import torch
+
+from model import draw, logits_to_probs
+from speculate import NO_DRAFT
+
+
+def ragged_positions(start, last):
+    """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
+    (B, m). This is how the drafters with a cache of their own (draft, mtp, eagle) catch it up
+    on rows of different lengths in one pass; the padding writes junk past a row's end, which
+    the caller's rollback hides."""
+    m = int((last - start).max()) + 1
+    return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
+
+
+def feed_ragged(model, cache, tokens, n):
+    """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
+    padded pass; return the logits (B, V) at each row's last real token (junk for a row with
+    nothing to feed)."""
+    start = cache.lengths.clone()
+    idx = ragged_positions(start, n - 1)                                    # (B, m)
+    logits, _ = model(tokens.gather(1, idx), cache)
+    cache.rollback(n)
+    # a finished row (n == start) feeds nothing real: clamp its index to the (junk) first slot
+    last = (n - 1 - start).clamp(min=0)[:, None, None]
+    return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]
+
+
+def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
+    """One draft per row from (B, V) logits. When sampling, draw it from the warped q and return
+    q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as None)."""
+    if temperature > 0 and sample:
+        q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
+        return draw(q, generator), q
+    return logits.argmax(-1), None
+
+
+class NgramDrafter:
+    """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
+    tokens (falling back to shorter n-grams) and propose the K tokens that followed it. Without
+    a match it proposes nothing, and the step costs what a step of plain decoding costs. In a
+    batch a row without a match leaves its slots empty (NO_DRAFT) beside rows that drafted, so
+    every row decodes as it would alone."""
+    hidden_layers = ()
+
+    def __init__(self, n=3, min_n=1):
+        if not 1 <= min_n <= n:  # else no key length is tried and it never drafts
+            raise ValueError(f"ngram keys need 1 <= min_n <= n, got n={n}, min_n={min_n}")
+        self.max_n, self.min_n = n, min_n
+
+    def prefill(self, tokens, n, feats):
+        pass
+
+    def update(self, tokens, n, feats, n_new):
+        pass
+
+    def refill(self, b, tokens, n, feats):
+        pass
+
+    def _lookup(self, seq, K):
+        for m in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            key = seq[-m:]
+            for start in range(len(seq) - m - 1, -1, -1):  # latest occurrence first
+                if seq[start:start + m] == key:
+                    # copy what followed; past the end of seq keep copying from the copy itself,
+                    # so a short cycle (a repeating line, a loop) fills all K drafts
+                    ext = list(seq)
+                    for i in range(K):
+                        ext.append(ext[start + m + i])
+                    return ext[len(seq):]
+        return []
+
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        seqs = [tokens[b, :int(n[b])].tolist() for b in range(tokens.shape[0])]
+        rows = [self._lookup(seq, K) for seq in seqs]
+        width = max(map(len, rows))  # K, or 0 when no row matched
+        rows = [r or [NO_DRAFT] * width for r in rows]
+        # argmax-style drafts (q one-hot); (B, 0) is a step of plain decoding
+        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None
+
+
+class ModelDrafter:
+    """A smaller model of the target's family (model.py) with its own KV cache drafts K tokens
+    autoregressively; when sampling it draws them from its real distribution q."""
+    hidden_layers = ()
+
+    def __init__(self, model, sample=True):
+        self.model, self.sample = model, sample
+        self.vocab_size = model.cfg.vocab_size  # generate refuses a target of another vocabulary
+
+    def params(self):
+        return self.model.n_params()
+
+    def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
+        if tokens.shape[1] > self.model.cfg.max_seq_len:  # its positions run as far as the target's
+            raise ValueError(f"this run needs {tokens.shape[1]} positions (prompt + new tokens + draft headroom), "
+                             f"past the draft model's context of {self.model.cfg.max_seq_len}")
+        self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
+
+    def update(self, tokens, n, feats, n_new):
+        pass
+
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        fed = int(n[b]) - 1  # all but the pending token, through row b's slice of the cache
+        self.model(tokens[b:b + 1, :fed], self.cache.row(b))
+        self.cache.lengths[b] = fed
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        logits = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
+        drafts, qs = [], []
+        for i in range(K):
+            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
+            drafts.append(d)
+            qs += [q] if q is not None else []
+            if i < K - 1:
+                logits = self.model(d[:, None], self.cache)[0][:, -1]
+        self.cache.rollback(n)  # tentative drafts leave the draft cache
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
