@@ -142,7 +142,13 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-Q_SUM_TOL = 1e-3  # how far from 1 a float32 row of q may sum (proposal_ok says why)
+def q_sum_tol(dtype):
+    """How far from 1 a row of q in this dtype may sum. A float32 softmax over V up to ~150k sums
+    to 1 within 1.2e-5 (measured on CPU; ~1e-4 bounds other reduction orders), and 1e-3 leaves
+    10x room over that while a q off by it moves the output by about as little. A q in a
+    narrower dtype (the scan reads it as float32) adds its own rounding, at most eps/2 of the
+    mass if all entries round one way (bf16: up to 1.9e-3 measured), hence + eps."""
+    return 1e-3 + torch.finfo(dtype).eps
 
 
 def proposal_ok(drafts, q, V):
@@ -155,15 +161,9 @@ def proposal_ok(drafts, q, V):
     they may hold anything."""
     ok = drafts < V
     if q is not None:
-        # tolerance of the row sums: a float32 softmax over V up to ~150k sums to 1 within 1.2e-5
-        # (measured on CPU; ~1e-4 bounds other reduction orders), and 1e-3 leaves 10x room over
-        # that while a q off by it moves the output by about as little. A q in a narrower dtype
-        # (the scan reads it as float32) adds its own rounding, at most eps/2 of the mass if all
-        # entries round one way (bf16: up to 1.9e-3 measured), hence + eps. NaN and inf fail
-        # min >= 0 or the sum, so "finite" needs no pass of its own.
-        tol = Q_SUM_TOL + torch.finfo(q.dtype).eps
+        # NaN and inf fail min >= 0 or the sum, so "finite" needs no pass of its own
         q_d = q.gather(2, drafts.clamp(0, V - 1)[..., None])[..., 0]
-        dist = (q.amin(-1) >= 0) & ((q.sum(-1, dtype=torch.float32) - 1).abs() <= tol) & (q_d > 0)
+        dist = (q.amin(-1) >= 0) & ((q.sum(-1, dtype=torch.float32) - 1).abs() <= q_sum_tol(q.dtype)) & (q_d > 0)
         ok &= dist | (drafts < 0)
     return ok.all()
 
@@ -184,7 +184,7 @@ def proposal_mistake(drafts, q, V):
         why = "q is 0 at a token the drafter drafted: drafts must be drawn from q"
     else:
         why = f"a row of q sums to {float(mass[(mass - 1).abs().argmax()]):.6g}, not 1 within " \
-              f"{Q_SUM_TOL + torch.finfo(q.dtype).eps:.1e} (the tolerance for {q.dtype})"
+              f"{q_sum_tol(q.dtype):.1e} (the tolerance for {q.dtype})"
     return "drafter q must be probabilities over the vocabulary (finite, >= 0, each row summing to 1, > 0 at " \
            f"every real draft): {why}"
 
