@@ -110,24 +110,6 @@ def make_drafter(name, target):
     return ModelDrafter(target)  # "self": the target drafts for itself
 
 
-
-def test_decoding_runs_without_cudnn_attention(monkeypatch):
-    """cuDNN's attention plans every new shape (~70 ms each on an H200 in bfloat16) and decoding
-    attends to a new number of keys at every pass: both decoders switch that backend off (a
-    torch flag, so it shows on a CPU too), only while they run; a training forward keeps it."""
-    seen = []
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **kw: seen.append(torch.backends.cuda.cudnn_sdp_enabled()) or real(*a, **kw))
-    target = random_target()
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    speculate.generate(target, [[1, 2, 3]], max_new_tokens=3)
-    naive_generate(target, [1, 2, 3], 2)
-    assert len(seen) >= 3 * target.cfg.n_layer and not any(seen)
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after each
-    target(torch.tensor([[1, 2, 3]]))
-    assert all(seen[-target.cfg.n_layer:])
-
 # -----------------------------------------------------------------------------
 # greedy: speculative == plain, token for token
 
@@ -175,6 +157,24 @@ def test_batch_rows_equal_rows_alone(name):
         assert st["row_passes"][b] == st1["row_passes"][0]
     if name == "ngram":
         assert len(set(st["row_passes"])) > 1  # the rows really were ragged
+
+
+def test_decoding_runs_without_cudnn_attention(monkeypatch):
+    """cuDNN's attention plans every new shape (~70 ms each on an H200 in bfloat16) and decoding
+    attends to a new number of keys at every pass: both decoders switch that backend off (a
+    torch flag, so it shows on a CPU too), only while they run; a training forward keeps it."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: seen.append(torch.backends.cuda.cudnn_sdp_enabled()) or real(*a, **kw))
+    target = random_target()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    speculate.generate(target, [[1, 2, 3]], max_new_tokens=3)
+    naive_generate(target, [1, 2, 3], 2)
+    assert len(seen) >= 3 * target.cfg.n_layer and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after each
+    target(torch.tensor([[1, 2, 3]]))
+    assert all(seen[-target.cfg.n_layer:])
 
 
 # -----------------------------------------------------------------------------
