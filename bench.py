@@ -44,8 +44,9 @@ import torch
 
 import data
 import weights
-from model import PRESETS, check_writable, get_device
-from methods import METHODS, MODULES, add_drafter_flags, drafter_options, idle_drafter_flags, load_drafter
+from checkpoint import METHODS, add_drafter_flags, drafter_options, get_device, load_drafter
+from data import check_writable
+from model import PRESETS
 from speculate import generate
 
 # a target repeating more of its 8-grams loops: the reference weights' quality bar (README);
@@ -69,7 +70,7 @@ def sync(device):
 
 def get_drafter(method, target, folder, args):
     # drafters follow the target's device and dtype
-    return load_drafter(method, target, folder, **drafter_options(method, args))
+    return load_drafter(method, target, folder, **drafter_options(args, get_parser(), METHODS))
 
 
 # -----------------------------------------------------------------------------
@@ -414,8 +415,10 @@ def check_args(args):
     for m in methods:
         if m not in METHODS:
             die(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    for flag, m in idle_drafter_flags(args, get_parser(), methods):
-        die(f"{flag} sets an option of {m}, which --methods leaves out")
+    try:
+        drafter_options(args, get_parser(), methods)
+    except ValueError as e:
+        die(str(e))
     return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], named
 
 
@@ -428,9 +431,6 @@ def load_methods(args, methods, named, device, dtype):
             die(f"{m} was asked for in --methods, but {why}")
         print(f"skipping {m}: {why}")
 
-    for m in [m for m in methods if m in MODULES and importlib.util.find_spec(MODULES[m]) is None]:
-        skip(m, f"{MODULES[m]}.py is missing, so it can be neither loaded nor trained")
-        methods.remove(m)
     try:
         target, target_path, found, skipped = weights.find_or_train(args, methods, device, dtype)
     except weights.Unusable as e:

@@ -344,10 +344,35 @@ def read_prompts_file(path):
     return prompts
 
 # -----------------------------------------------------------------------------
+# files and flags
+
+def check_writable(path):
+    """An output file must be writable before a run spends minutes on what it saves there.
+    Checked without writing anything (a refused run leaves no folder behind): the nearest
+    existing folder above it must be writable; save_checkpoint creates the rest."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        raise ValueError(f"{path}: is a folder; name a file")
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d):
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise ValueError(f"{path}: cannot write there ({d} is a file, not a folder)")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: cannot write there ({d} is not writable)")
+
+
+class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
+    """--help shows each flag's default, unless its text already speaks of one or it has none."""
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS:
+            return text
+        return text + " (default: %(default)s)"
+
 
 def check_cli(args, parser):
     """data.py's flags, checked before the corpus is read: a bad one ended in a traceback."""
-    from model import check_writable  # model imports data, so not at the top
     try:
         sizes = [args.vocab_size, *map(int, args.measure.split(","))]
     except ValueError:
@@ -368,7 +393,6 @@ def check_cli(args, parser):
 
 
 if __name__ == "__main__":
-    from model import DefaultsHelp  # model imports data, so not at the top
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     parser.add_argument("--train-tokenizer", action="store_true", help="retrain tokenizer.tiktoken instead of reusing it")
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE ranks to keep (256 bytes + merges; specials come on top)")

@@ -42,13 +42,12 @@ ragged-row context cache live together, so that the two can be read against each
 """
 
 import math
-import os
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import Block, RMSNorm, apply_rope, draw, logits_to_probs, weights_hash, load_checkpoint
+from model import Block, RMSNorm, apply_rope, draw, logits_to_probs
 
 # loss decay per block size S (paper); train_drafter's recipe passes 4 at every block size
 # (for S = 16 it beat 7)
@@ -266,17 +265,3 @@ class DFlashDrafter:
             q = logits_to_probs(logits, temperature, top_k)                          # (B, S-1, V)
             return draw(q, generator), q
         return logits.argmax(-1), None
-
-
-def load_drafter(target, out_dir, block_size=None, dflash_sample=True):
-    path = os.path.join(out_dir, "dflash.pt")
-    ck = load_checkpoint(path, kind="dflash")
-    if ck["target_hash"] != weights_hash(target.cfg, target.state_dict()):
-        raise ValueError(f"{path}: trained for target {ck['target_hash']}, not this one; retrain it")
-    model = DFlash(target.cfg, **ck["config"])
-    model.load_state_dict({k: v.float() for k, v in ck["state_dict"].items()})
-    model.to(target.head.weight).eval()
-    dr = DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
-    print(f"dflash: {model.n_layer} layer{'s' * (model.n_layer != 1)}, features from target layers {model.hidden_layers}, "
-          f"block {dr.block_size} (trained {model.block_size}), {'sampled' if dflash_sample else 'argmax'} drafts ({path})")
-    return dr

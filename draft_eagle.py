@@ -28,7 +28,6 @@ About 250 lines, over the ~200 budget: the training-time-test attention and the 
 catch-up are spelled out rather than folded into helpers shared with mtp.py.
 """
 
-import os
 
 import torch
 import torch.nn as nn
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 from draft_simple import draft_token, ragged_positions
 from kv_cache import KVCache
-from model import MLP, Attention, RMSNorm, weights_hash, load_checkpoint
+from model import MLP, Attention, RMSNorm
 
 
 def default_layers(L):
@@ -243,19 +242,3 @@ class EagleDrafter:
                 h, logits = self.step(h, d)                          # feed back own feature + draft
         self.cache.rollback(n - 1)                                   # keep only exact positions 0..n-2
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V) | None
-
-
-def load_drafter(target, out_dir):
-    """out_dir/eagle.pt (train_drafter.py --method eagle), checked against this target."""
-    path = os.path.join(out_dir, "eagle.pt")
-    ckpt = load_checkpoint(path, kind="eagle")
-    th = weights_hash(target.cfg, target.state_dict())
-    if ckpt.get("target_hash") != th:
-        raise ValueError(f"{path}: trained for target {ckpt.get('target_hash')}, not this one ({th}); "
-                         f"retrain it with train_drafter.py --method eagle")
-    eagle = Eagle(target.cfg, **ckpt["config"])
-    eagle.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})
-    eagle.to(target.head.weight).eval()                               # the target's device and dtype
-    print(f"eagle: {eagle.n_params() / 1e6:.2f}M params, target layers {eagle.hidden_layers}, "
-          f"{eagle.ttt_steps} TTT steps ({path})")
-    return EagleDrafter(target, eagle)

@@ -9,25 +9,18 @@ what every feature-based drafter (MTP, EAGLE, DFlash) conditions on.
 The naive, cache-free `generate` (last of the model code) is the reference every fast path in this
 repo is tested against: speculative decoding must reproduce it token for token (greedy).
 
-    python model.py --prompt "def parse("          # the committed weights/cpu/target.pt
-
-About 400 lines against DESIGN's ~300: the model itself ends at `generate`; below it sit the
-checkpoint helpers every script shares (hash, save, load with clear errors, bf16 export,
---device) and a small CLI.
+    python sample.py --method ar --prompt "def parse(" --check   # decode, compare with generate
 """
 
-import argparse
-import hashlib
-import json
 import math
-import os
-import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kv_cache import KVCache
 
 
 @dataclass
@@ -233,7 +226,6 @@ class Transformer(nn.Module):
         return self.head(self.norm(x)), hidden
 
     def new_cache(self, batch_size, max_len=None, dtype=None):
-        from kv_cache import KVCache
         cfg = self.cfg
         return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim,
                        device=self.head.weight.device, dtype=dtype or self.head.weight.dtype)
@@ -290,161 +282,3 @@ def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generat
             nxt = draw(probs, generator)[:, None]
         ids = torch.cat([ids, nxt], dim=1)
     return ids[0, len(prompt):].tolist()
-
-
-# -----------------------------------------------------------------------------
-# checkpoints
-
-def weights_hash(cfg, state_dict):
-    """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
-    so a fp32 model and its bf16 copy in weights/ have the same hash. Drafter checkpoints
-    record the hash of the target they were trained for."""
-    h = hashlib.sha256(json.dumps(asdict(cfg) if not isinstance(cfg, dict) else cfg, sort_keys=True).encode())
-    for name in sorted(state_dict):
-        h.update(name.encode())
-        h.update(state_dict[name].detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def save_checkpoint(path, obj):
-    """Write atomically (temp file, then rename) so Ctrl-C never leaves a torn checkpoint."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def check_writable(path):
-    """An output file must be writable before a run spends minutes on what it saves there.
-    Checked without writing anything (a refused run leaves no folder behind): the nearest
-    existing folder above it must be writable; save_checkpoint creates the rest."""
-    if os.path.isdir(path) or path.endswith(os.sep):
-        raise ValueError(f"{path}: is a folder; name a file")
-    d = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(d):
-        d = os.path.dirname(d)
-    if not os.path.isdir(d):
-        raise ValueError(f"{path}: cannot write there ({d} is a file, not a folder)")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise ValueError(f"{path}: cannot write there ({d} is not writable)")
-
-
-def load_checkpoint(path, kind=None):
-    """torch.load with weights_only=True and one-line errors that name the file."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # an empty file's error has no message at all
-        why = (str(e).strip().splitlines() or ["no message"])[0]
-        why = why if len(why) <= 120 else why[:117] + "..."
-        if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch's advice would mislead here
-            why = "not a torch.save archive: empty, truncated, or a git-lfs pointer?"
-        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {why})") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
-        raise ValueError(f"{path}: not a checkpoint of this project (no config/state_dict)")
-    if kind is not None and ckpt.get("kind") != kind:
-        raise ValueError(f"{path}: is a {ckpt.get('kind')!r} checkpoint, expected {kind!r}")
-    return ckpt
-
-
-class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
-    """--help shows each flag's default, unless its text already speaks of one or it has none."""
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default is None or action.default is False \
-                or action.default == argparse.SUPPRESS:
-            return text
-        return text + " (default: %(default)s)"
-
-
-def get_device(name=None):
-    """--device NAME -> torch.device; None picks cuda when there is one. What this machine
-    cannot run is refused here in one line, not by an assertion deep inside .to()."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(f"device {name!r}: no CUDA device visible (torch {torch.__version__}, {build})")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return device
-
-
-def load_target(path, device="cpu", dtype=torch.float32):
-    """Load a target checkpoint; refuse one trained with another tokenizer."""
-    from data import tokenizer_hash
-    ckpt = load_checkpoint(path, kind="target")
-    if ckpt.get("tokenizer") != tokenizer_hash():
-        raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
-                         f"but tokenizer.tiktoken is {tokenizer_hash()}; retrain the target")
-    model = Transformer(Config(**ckpt["config"]))
-    model.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})
-    model.to(device=device, dtype=dtype).eval()
-    model.ckpt = ckpt  # keep args, mtp heads, etc. for whoever needs them
-    return model
-
-
-def export_checkpoint(src, dst, dtype=torch.bfloat16):
-    """Shrink a checkpoint for weights/: drop the optimizer and resume state, store weights in
-    bf16. Loading casts them back to the compute dtype; weights_hash is unchanged by design."""
-    if os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst):
-        raise ValueError(f"{dst} is the checkpoint being exported (its optimizer and resume state would be "
-                         "lost); export to another path")
-    ckpt = load_checkpoint(src)
-    ckpt.pop("optimizer", None)
-    ckpt.pop("batch_rng", None)
-    for key in ("state_dict", "mtp_state_dict"):
-        if ckpt.get(key):
-            ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}
-    save_checkpoint(dst, ckpt)
-    return ckpt
-
-
-# -----------------------------------------------------------------------------
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Greedy continuation with the KV cache, checked against naive generate.",
-                                     formatter_class=DefaultsHelp)
-    from data import WEIGHTS_DIR
-    parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
-                        help="target checkpoint (default: the committed cpu weights)")
-    parser.add_argument("--prompt", default="def parse(", help="text to continue (default: %(default)r)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
-    parser.add_argument("--export", default=None, metavar="DST",
-                        help="instead: write --ckpt (any kind) to DST in bf16 without optimizer state")
-    args = parser.parse_args()
-    if args.max_new_tokens < 1:  # before the checkpoint is loaded
-        raise SystemExit(f"error: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    try:  # a missing, corrupt or foreign checkpoint is a one-line error
-        if args.export:
-            check_writable(args.export)
-            export_checkpoint(args.ckpt, args.export)
-            print(f"exported {args.ckpt} -> {args.export} ({os.path.getsize(args.export) / 1e6:.1f} MB)")
-            raise SystemExit(0)
-        model = load_target(args.ckpt)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
-
-    from data import get_encoding
-    enc = get_encoding()
-    prompt = enc.encode_ordinary(args.prompt)
-    if not prompt:
-        raise SystemExit("error: empty prompt")
-    if len(prompt) + args.max_new_tokens > model.cfg.max_seq_len:
-        raise SystemExit(f"error: prompt ({len(prompt)} tokens) + {args.max_new_tokens} new tokens "
-                         f"exceeds the context of {model.cfg.max_seq_len}")
-    with torch.no_grad():  # cached greedy decoding: prefill, then one token at a time
-        cache = model.new_cache(1)
-        logits, _ = model(torch.tensor([prompt]), cache, last_only=True)
-        out = []
-        for _ in range(args.max_new_tokens):
-            out.append(int(logits[0, -1].argmax()))
-            logits, _ = model(torch.tensor([[out[-1]]]), cache)
-    print(args.prompt + enc.decode(out))
-    same = out == generate(model, prompt, args.max_new_tokens)
-    print(f"\n[cached greedy == naive generate: {same}]")

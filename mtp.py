@@ -28,7 +28,6 @@ train.py, post-hoc as PostHocMTP) and the drafter's per-module caches with their
 rows of different lengths, besides the modules themselves.
 """
 
-import os
 
 import torch
 import torch.nn as nn
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 from draft_simple import draft_token, ragged_positions
 from kv_cache import KVCache
-from model import Block, RMSNorm, weights_hash, load_checkpoint
+from model import Block, RMSNorm
 from speculate import NO_DRAFT
 
 
@@ -193,23 +192,3 @@ class MTPDrafter:
                 if bool(stopped.all()):
                     break
         return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
-
-
-def load_drafter(target, out_dir, mtp_draft=None, mtp_margin=0.0):
-    """Native heads stored in the target checkpoint win; else the post-hoc ones in out_dir/mtp.pt."""
-    ck = getattr(target, "ckpt", {})
-    if ck.get("mtp_state_dict"):
-        depth, sd, src = ck["args"]["mtp_depth"], ck["mtp_state_dict"], "native (trained with the target)"
-        if os.path.exists(os.path.join(out_dir, "mtp.pt")):
-            src += f"; {os.path.join(out_dir, 'mtp.pt')}, post-hoc heads, is not used"
-    else:
-        path = os.path.join(out_dir, "mtp.pt")
-        c = load_checkpoint(path, kind="mtp")
-        if c["target_hash"] != weights_hash(target.cfg, target.state_dict()):
-            raise ValueError(f"{path}: trained for target {c['target_hash']}, not this one; retrain it")
-        depth, sd, src = c["config"]["depth"], c["state_dict"], f"post-hoc ({path})"
-    mtp = MTP(target.cfg, depth)
-    mtp.load_state_dict({k: v.float() for k, v in sd.items()})
-    mtp.to(target.head.weight).eval()
-    print(f"mtp: {depth} modules, {src}")
-    return MTPDrafter(target, mtp, n_draft=mtp_draft, margin=mtp_margin)

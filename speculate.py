@@ -54,7 +54,6 @@ features are draft_simple.py; which drafter a method name means, with which opti
 methods.py.
 """
 
-import argparse
 import operator
 import time
 
@@ -448,77 +447,3 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     stats["acceptance_per_position"] = [a / max(t, 1) for a, t in
                                         zip(stats["accepted_per_position"], stats["attempts_per_position"])]
     return outputs, stats
-
-
-if __name__ == "__main__":
-    import os
-    from methods import METHODS, add_drafter_flags, drafter_options, idle_drafter_flags, load_drafter
-    from model import DefaultsHelp
-    parser = argparse.ArgumentParser(description="Speculative decoding of one prompt with one method.",
-                                     formatter_class=DefaultsHelp)
-    from data import WEIGHTS_DIR
-    parser.add_argument("--ckpt", default=os.path.join(WEIGHTS_DIR, "cpu", "target.pt"),
-                        help="target checkpoint; drafters are looked up beside it (default: the committed cpu weights)")
-    parser.add_argument("--weights", default=None, metavar="DIR", help="look the drafter up in DIR instead (e.g. "
-                        "out/cpu/weights, where train_drafter.py puts drafters for the committed target)")
-    parser.add_argument("--method", default="ngram", help=f"one of {', '.join(METHODS)} (default: %(default)s)")
-    parser.add_argument("--prompt", default="def parse(", help="text to continue (default: %(default)r)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
-    parser.add_argument("-K", "--draft-len", type=int, default=None, help="draft tokens per step (default: the drafter's own, else 4)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    add_drafter_flags(parser)
-    parser.add_argument("--check", action="store_true", help="greedy: also decode with model.generate (the "
-                        "cache-free reference) and compare")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: 0 = torch's "
-                        "choice, one per core); on a busy machine 1 runs several times faster")
-    args = parser.parse_args()
-    if not args.threads >= 0:
-        parser.error(f"--threads must be >= 0, got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    from data import get_encoding
-    from model import generate as naive_generate, get_device, load_target
-    enc = get_encoding()
-    try:  # flags that would change nothing are refused, not ignored
-        if args.method == "ar" and args.draft_len is not None:
-            raise ValueError("-K sets how many tokens a drafter proposes per step; ar drafts none")
-        if args.top_k is not None and args.temperature == 0:
-            raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
-        if args.weights is not None and args.method in ("ar", "ngram"):
-            raise ValueError(f"--weights names the folder a drafter is loaded from; {args.method} loads none")
-        for flag, m in idle_drafter_flags(args, parser, [args.method]):
-            raise ValueError(f"{flag} sets an option of {m}; --method is {args.method}")
-        target = load_target(args.ckpt, device=get_device(args.device))
-        try:
-            drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.ckpt),
-                                   **drafter_options(args.method, args))
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{e} (drafters are looked up beside --ckpt, or in --weights DIR; train_drafter.py "
-                                    "trains mtp, eagle and dflash, train.py --preset cpu-draft --out-path "
-                                    "DIR/draft.pt a draft model)") from None
-        K = args.draft_len if args.draft_len is not None else getattr(drafter, "default_K", 4)
-        if K > getattr(drafter, "max_K", K):  # dflash: its block - 1; mtp: its modules (n_draft)
-            raise ValueError(f"{args.method} drafts at most {drafter.max_K} tokens per step, not {K}")
-        prompt = enc.encode_ordinary(args.prompt)
-        t0 = time.perf_counter()
-        outs, st = generate(target, [prompt], drafter, max_new_tokens=args.max_new_tokens, K=K,
-                            temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-        dt = time.perf_counter() - t0
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
-    print(args.prompt + enc.decode(outs[0]))
-    acc = " ".join(f"{a / t:.2f}" if t else "-" for a, t in  # "-": never drafted (ngram without a match)
-                   zip(st["accepted_per_position"], st["attempts_per_position"]))
-    print(f"\n[{args.method} K={K if drafter else 0}] tau {st['tau']:.2f} | {st['new_tokens'] / dt:.1f} tok/s | "
-          f"{st['verify_passes']} verify passes | acceptance per position: {acc or '-'}")
-    if args.check:
-        if args.temperature == 0:  # against model.generate: no cache, no loop, no acceptance scan shared
-            ref = naive_generate(target, prompt, args.max_new_tokens)
-            print(f"[check] greedy output identical to plain decoding: {ref == outs[0]}")
-        else:
-            print("[check] sampled outputs differ by design; losslessness under sampling is a "
-                  "statement about distributions (see tests/test_speculate.py)")

@@ -35,7 +35,9 @@ import numpy as np
 import torch
 
 import data
-from model import Config, DefaultsHelp, PRESETS, Transformer, check_writable, get_device, save_checkpoint, load_checkpoint
+from checkpoint import get_device, load_checkpoint, save_checkpoint
+from data import DefaultsHelp, check_writable
+from model import PRESETS, Config, Transformer
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
 # a run in progress saves at least this often, in both trainers (on a 2-core CPU, a save of the

@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 import data
-from model import DefaultsHelp, check_writable, get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
+from checkpoint import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
+from data import DefaultsHelp, check_writable
 from train import SAVE_MINUTES, check_args, check_run_flags, claim_run_file, eta_s, interrupted, run_path, save_due
 
 

@@ -23,8 +23,8 @@ import time
 
 import data
 import train  # the target's and draft model's trainer; its run_path names every run file
-from methods import MODULES
-from model import check_writable, load_checkpoint, load_target, weights_hash
+from checkpoint import FEATURE_DRAFTERS as MODULES, load_checkpoint, load_target, weights_hash
+from data import check_writable
 
 CKPT = {"draft": "draft.pt", "mtp": "mtp.pt", "eagle": "eagle.pt", "dflash": "dflash.pt"}
 # Budgets of a run from scratch, in minutes (the whole run must fit in ~20 min on 2 cores;

@@ -177,7 +177,7 @@ def main():
     args = ap.parse_args()
     if args.repeat is not None and args.repeat < 1:
         ap.error(f"--repeat must be >= 1, got {args.repeat}")
-    from model import get_device
+    from checkpoint import get_device
     try:
         device = torch.device("cpu") if args.emu else get_device(args.device)
     except ValueError as e:

@@ -28,7 +28,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 if not __package__:  # run as a file (python cuda/sdpa_probe.py): the repository root is not on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cuda.__main__ import median_ms
-from model import PRESETS, get_device
+from checkpoint import get_device
+from model import PRESETS
 
 BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
             SDPBackend.MATH]

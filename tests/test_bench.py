@@ -17,7 +17,7 @@ import torch
 import bench
 import data
 import speculate
-from model import load_target, save_checkpoint, weights_hash
+from checkpoint import load_target, save_checkpoint, weights_hash
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,

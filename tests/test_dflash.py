@@ -462,7 +462,7 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path, capsys):
     """load_drafter rebuilds the drafter from the checkpoint's own config (none of it the
     defaults: 1 layer, 3 features, block 8) and refuses a checkpoint of another target."""
     from draft_diffusion import load_drafter
-    from model import save_checkpoint, weights_hash
+    from checkpoint import save_checkpoint, weights_hash
     target, df = setup(block_size=8, n_layer=1)
     save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
                                                       target_hash=weights_hash(target.cfg, target.state_dict())))

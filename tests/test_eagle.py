@@ -12,7 +12,8 @@ import torch
 
 import speculate
 from draft_eagle import Eagle, EagleDrafter, default_layers, load_drafter
-from model import logits_to_probs, save_checkpoint, weights_hash
+from model import logits_to_probs
+from checkpoint import save_checkpoint, weights_hash
 from test_model import tiny_model
 
 

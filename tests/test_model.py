@@ -6,8 +6,8 @@ from dataclasses import replace
 import torch
 import pytest
 
-from model import (Config, PRESETS, Transformer, apply_rope, generate, get_device, rope_table, save_checkpoint,
-                   load_checkpoint, weights_hash)
+from model import Config, PRESETS, Transformer, apply_rope, generate, rope_table
+from checkpoint import get_device, save_checkpoint, load_checkpoint, weights_hash
 
 
 def tiny_model(seed=0, vocab=97):
@@ -236,7 +236,7 @@ def test_get_device_refuses_what_this_machine_cannot_run():
 
 
 def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
-    from model import export_checkpoint
+    from checkpoint import export_checkpoint
     save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict={"w": torch.ones(2)},
                                                  mtp_state_dict={"m": torch.ones(2)},
                                                  optimizer={"state": {0: torch.ones(3)}},
@@ -295,7 +295,7 @@ def test_draft_presets_share_their_targets_context():
 
 
 def test_load_target_takes_the_dtype_and_keeps_rope_in_float32(tmp_path):
-    from model import load_target
+    from checkpoint import load_target
     save_tiny(tmp_path / "t.pt")
     m = load_target(str(tmp_path / "t.pt"), dtype=torch.bfloat16)
     assert m.head.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
@@ -323,7 +323,7 @@ def test_help_shows_each_default_once():
     """DefaultsHelp appends "(default: X)" unless the text already speaks of a default or there
     is none to show (None, a store_true flag)."""
     import argparse
-    from model import DefaultsHelp
+    from data import DefaultsHelp
     p = argparse.ArgumentParser(formatter_class=DefaultsHelp)
     p.add_argument("--steps", type=int, default=16, help="how many")
     p.add_argument("--lr", type=float, default=None, help="rate (default: per method)")
@@ -340,7 +340,7 @@ def test_check_writable_refuses_a_folder_path_and_an_unwritable_folder(tmp_path,
     """Refused before a run, not at its save: a path that names a folder, existing or not
     ("new/": save_checkpoint's torch.save then fails on the file name new/.tmp), and a
     path whose nearest existing folder is not writable (faked: as root every folder is)."""
-    from model import check_writable
+    from data import check_writable
     check_writable(str(tmp_path / "new" / "deeper" / "t.pt"))  # missing folders are created at the save
     for folder in (str(tmp_path), str(tmp_path / "new") + os.sep):
         with pytest.raises(ValueError, match="is a folder"):

@@ -19,7 +19,8 @@ import torch
 
 import speculate
 from speculate import NO_DRAFT
-from model import generate as naive_generate, logits_to_probs, save_checkpoint
+from model import generate as naive_generate, logits_to_probs
+from checkpoint import save_checkpoint
 from mtp import MTP, MTPDrafter, PostHocMTP
 import mtp as mtp_lib
 from test_model import tiny_model
@@ -300,7 +301,7 @@ def test_train_py_with_native_mtp_runs(tmp_path, capsys):
          "--seq-len", "32", "--eval-batches", "1", "--quality-prompts", "0", "--device", "cpu",
          "--out-path", path, "--save-every", "0"])
     train.main(args)
-    from model import load_target
+    from checkpoint import load_target
     target = load_target(path)
     drafter = mtp_lib.load_drafter(target, str(tmp_path))
     assert drafter.mtp.depth == 2
@@ -325,7 +326,7 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"mtp\.pt.*deadbeefdeadbeef"):
         mtp_lib.load_drafter(target, str(tmp_path))
     # the same file with the right hash loads
-    from model import weights_hash
+    from checkpoint import weights_hash
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
     drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import cuda
-import methods
+import checkpoint
 import model
 import speculate
 from data import ROOT
@@ -867,12 +867,12 @@ def test_bad_input_raises_clear_errors(monkeypatch):
             gen(text)
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context: still fits
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
-        methods.load_drafter("medusa", target, "out")
+        checkpoint.load_drafter("medusa", target, "out")
     monkeypatch.setattr(methods, "METHODS", methods.METHODS + ("medusa",))  # added without its loader
     with pytest.raises(ValueError, match="medusa is in METHODS, but drafter_loader has no branch for it"):
-        methods.load_drafter("medusa", target, "out")
-    assert methods.load_drafter("ar", target, "out") is None
-    assert isinstance(methods.load_drafter("ngram", target, "out"), NgramDrafter)
+        checkpoint.load_drafter("medusa", target, "out")
+    assert checkpoint.load_drafter("ar", target, "out") is None
+    assert isinstance(checkpoint.load_drafter("ngram", target, "out"), NgramDrafter)
 
 
 def test_arguments_of_the_wrong_kind_are_named_not_lost():
@@ -897,11 +897,11 @@ def test_arguments_of_the_wrong_kind_are_named_not_lost():
         assert gen(stop_token=stop)[0][0] == plain[:plain.index(plain[2]) + 1]
     assert gen(K=np.int64(3), max_new_tokens=np.int32(8))[0][0] == plain
     with pytest.raises(TypeError, match="ngram takes no option ngram_m; its options: ngram_n"):
-        methods.load_drafter("ngram", target, "out", ngram_m=2)
+        checkpoint.load_drafter("ngram", target, "out", ngram_m=2)
     with pytest.raises(TypeError, match="eagle takes no option block_size; its options: none"):
-        methods.load_drafter("eagle", target, "out", block_size=8)
+        checkpoint.load_drafter("eagle", target, "out", block_size=8)
     with pytest.raises(TypeError, match="mtp takes no option block_size; its options: mtp_draft, mtp_margin"):
-        methods.load_drafter("mtp", target, "out", block_size=8)  # read from mtp.load_drafter's signature
+        checkpoint.load_drafter("mtp", target, "out", block_size=8)  # read from mtp.load_drafter's signature
     for n, min_n in ((0, 1), (2, 3), (3, 0)):
         with pytest.raises(ValueError, match=f"1 <= min_n <= n, got n={n}, min_n={min_n}"):
             NgramDrafter(n=n, min_n=min_n)
@@ -1210,7 +1210,7 @@ def test_cli_weights_names_the_drafters_folder(tmp_path, monkeypatch, capsys):
     (tmp_path / "mine").mkdir()
     save_tiny(tmp_path / "mine" / "draft.pt", seed=2, n_layer=2)
     args = ("--method", "draft", "--prompt", "x = 1", "--max-new-tokens", "2")
-    loaded, real = [], model.load_target
+    loaded, real = [], checkpoint.load_target
     monkeypatch.setattr(model, "load_target", lambda path, **kw: loaded.append(path) or real(path, **kw))
     run_cli(tmp_path, monkeypatch, capsys, *args)
     run_cli(tmp_path, monkeypatch, capsys, *args, "--weights", str(tmp_path / "mine"))

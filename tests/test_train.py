@@ -14,7 +14,7 @@ import torch
 import data
 import mtp
 import train
-from model import export_checkpoint, load_target, save_checkpoint, load_checkpoint
+from checkpoint import export_checkpoint, load_target, save_checkpoint, load_checkpoint
 from test_model import save_tiny, tiny_model
 
 ROOT = data.ROOT

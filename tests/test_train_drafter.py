@@ -8,10 +8,11 @@ import pytest
 import torch
 
 import data
-import methods
+import checkpoint
 import speculate
 import train_drafter
-from model import PRESETS, Config, load_target, save_checkpoint
+from model import PRESETS, Config
+from checkpoint import load_target, save_checkpoint
 from test_model import save_tiny  # a random tiny target in train.py's checkpoint format
 
 ARGS = ["--n-seqs", "8", "--n-val-seqs", "4", "--prompt-len", "16", "--gen-len", "24", "--max-steps", "3",
@@ -39,14 +40,14 @@ def test_each_method_trains_saves_and_loads(target_dir, method, capsys):
     # 8 sequences in batches of 4: steps 0-1 are epoch 0, step 2 starts epoch 1
     assert "done: 3 steps, 2 epochs" in out and "top-1 agreement per position" in out
     target = load_target(str(target_dir / "target.pt"))
-    drafter = methods.load_drafter(method, target, str(target_dir))
+    drafter = checkpoint.load_drafter(method, target, str(target_dir))
     prompts = [[5, 6, 7, 8], [9, 10]]
     plain, _ = speculate.generate(target, prompts, None, max_new_tokens=12)
     spec, _ = speculate.generate(target, prompts, drafter, max_new_tokens=12, K=3)
     assert spec == plain
     other = load_target(str(target_dir / "other.pt"))
     with pytest.raises(ValueError, match="retrain"):
-        methods.load_drafter(method, other, str(target_dir))
+        checkpoint.load_drafter(method, other, str(target_dir))
 
 
 def drafter_class(target_dir, method):

@@ -21,13 +21,14 @@ import pytest
 import torch
 
 import data
-import methods
+import checkpoint
 import speculate
 import train
 import weights
 from draft_diffusion import DFlash
 from data import MASK, WEIGHTS_DIR, get_encoding, reference_prompts
-from model import Config, load_checkpoint, load_target, save_checkpoint, weights_hash
+from model import Config
+from checkpoint import load_checkpoint, load_target, save_checkpoint, weights_hash
 from test_model import save_tiny
 
 # -----------------------------------------------------------------------------
@@ -279,7 +280,7 @@ def setup():
 @pytest.mark.parametrize("method, T, measured, floor", CASES)
 def test_each_committed_drafter_keeps_its_acceptance(setup, method, T, measured, floor):
     target, prompts = setup
-    drafter = methods.load_drafter(method, target, W)
+    drafter = checkpoint.load_drafter(method, target, W)
     K = getattr(drafter, "default_K", 7)
     _, st = speculate.generate(target, prompts, drafter, max_new_tokens=48, K=K, temperature=T, seed=0,
                                batch_size=1)
@@ -294,7 +295,7 @@ def test_each_drafter_follows_a_bfloat16_target(method):
     if not os.path.exists(os.path.join(W, "target.pt")):
         pytest.skip("no committed weights/cpu")
     target = load_target(os.path.join(W, "target.pt"), dtype=torch.bfloat16)
-    drafter = methods.load_drafter(method, target, W)
+    drafter = checkpoint.load_drafter(method, target, W)
     modules = [v for v in vars(drafter).values() if isinstance(v, torch.nn.Module)]  # its own and the target
     assert {p.dtype for m in modules for p in m.parameters()} == {torch.bfloat16}
     out, _ = speculate.generate(target, [[1, 2, 3, 4, 5]], drafter, max_new_tokens=6)
@@ -305,5 +306,5 @@ def test_committed_dflash_fills_its_block_with_the_tokenizers_mask(setup):
     """The masked slots must hold <|mask|> (DFlash's default is the last id, which data.py makes
     it): a block of any other token drafts in another input distribution than it trained on."""
     mask = get_encoding().encode_single_token(MASK)
-    assert methods.load_drafter("dflash", setup[0], W).dflash.mask_id == mask  # the committed one
+    assert checkpoint.load_drafter("dflash", setup[0], W).dflash.mask_id == mask  # the committed one
     assert DFlash(setup[0].cfg).mask_id == mask                                   # what train_drafter makes
