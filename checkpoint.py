@@ -120,7 +120,8 @@ def load_feature_drafter(method, target, folder):
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     model.to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())
-    print(f"{method}: {n / 1e6:.2f}M params, target layers {model.hidden_layers} ({src})")
+    layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
+    print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
     return model
 
 

@@ -10,8 +10,6 @@ import argparse
 import os
 import time
 
-import torch
-
 import data
 from checkpoint import METHODS, add_drafter_flags, drafter_options, get_device, load_drafter, load_target
 from model import generate as naive_generate
@@ -70,5 +68,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

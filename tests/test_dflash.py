@@ -458,17 +458,21 @@ def test_an_argmax_dflash_drafts_argmax_picks_when_sampling():
     assert q is None and torch.equal(drafts, dr.block_logits(tokens, n, 5)[:, 1:].argmax(-1))
 
 
+def n_params(m):
+    return sum(p.numel() for p in m.parameters())
+
+
 def test_checkpoint_roundtrip_and_wrong_target(tmp_path, capsys):
     """load_drafter rebuilds the drafter from the checkpoint's own config (none of it the
     defaults: 1 layer, 3 features, block 8) and refuses a checkpoint of another target."""
-    from draft_diffusion import load_drafter
+    from checkpoint import load_drafter
     from checkpoint import save_checkpoint, weights_hash
     target, df = setup(block_size=8, n_layer=1)
     save_checkpoint(str(tmp_path / "dflash.pt"), dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
                                                       target_hash=weights_hash(target.cfg, target.state_dict())))
-    dr = load_drafter(target, str(tmp_path))
+    dr = load_drafter("dflash", target, str(tmp_path))
     assert dr.dflash.config_dict() == df.config_dict() and dr.block_size == 8 and dr.hidden_layers == df.hidden_layers
-    assert capsys.readouterr().out.startswith("dflash: 1 layer, features from target layers ")  # not "1 layers"
+    assert capsys.readouterr().out.startswith(f"dflash: {n_params(df) / 1e6:.2f}M params, target layers {df.hidden_layers}")
     assert all(torch.equal(v, df.state_dict()[k]) for k, v in dr.dflash.state_dict().items())
     with pytest.raises(ValueError, match="retrain"):
-        load_drafter(tiny_model(1), str(tmp_path))
+        load_drafter("dflash", tiny_model(1), str(tmp_path))

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import speculate
-from draft_eagle import Eagle, EagleDrafter, default_layers, load_drafter
+from draft_eagle import Eagle, EagleDrafter, default_layers
+from checkpoint import load_drafter
 from model import logits_to_probs
 from checkpoint import save_checkpoint, weights_hash
 from test_model import tiny_model
@@ -237,12 +238,12 @@ def test_checkpoint_roundtrip_and_wrong_target(tmp_path):
     e = random_eagle(target, seed=4)
     save_checkpoint(str(tmp_path / "eagle.pt"), dict(kind="eagle", config=e.config_dict(), state_dict=e.state_dict(),
                                                      target_hash=weights_hash(target.cfg, target.state_dict())))
-    d = load_drafter(target, str(tmp_path))
+    d = load_drafter("eagle", target, str(tmp_path))
     assert d.eagle.config_dict() == e.config_dict() and d.hidden_layers == e.hidden_layers
     assert all(torch.equal(v, e.state_dict()[k]) for k, v in d.eagle.state_dict().items())
     other = tiny_model(6)
     with pytest.raises(ValueError, match="eagle.pt"):
-        load_drafter(other, str(tmp_path))
+        load_drafter("eagle", other, str(tmp_path))
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ from model import generate as naive_generate, logits_to_probs
 from checkpoint import save_checkpoint
 from mtp import MTP, MTPDrafter, PostHocMTP
 import mtp as mtp_lib
+from checkpoint import load_drafter
 from test_model import tiny_model
 from test_speculate import SAMPLE_PROMPT, sampled_tv, sampling_target
 
@@ -303,7 +304,7 @@ def test_train_py_with_native_mtp_runs(tmp_path, capsys):
     train.main(args)
     from checkpoint import load_target
     target = load_target(path)
-    drafter = mtp_lib.load_drafter(target, str(tmp_path))
+    drafter = load_drafter("mtp", target, str(tmp_path))
     assert drafter.mtp.depth == 2
     prompt = [[1, 2, 3, 4], [5, 6]]
     outs, _ = speculate.generate(target, prompt, drafter, max_new_tokens=8, K=2)
@@ -314,8 +315,8 @@ def test_train_py_with_native_mtp_runs(tmp_path, capsys):
         ["--method", "mtp", "--target", path, "--mtp-depth", "3", "--n-seqs", "2", "--n-val-seqs", "1", "--prompt-len",
          "4", "--gen-len", "4", "--max-steps", "1", "--batch-size", "2", "--device", "cpu"]))
     assert "NOTE: this target has native MTP heads" in capsys.readouterr().out
-    assert mtp_lib.load_drafter(target, str(tmp_path)).mtp.depth == 2  # not the post-hoc 3
-    assert f"{tmp_path / 'mtp.pt'}, post-hoc heads, is not used" in capsys.readouterr().out
+    assert load_drafter("mtp", target, str(tmp_path)).mtp.depth == 2  # not the post-hoc 3
+    assert "(the target's own heads)" in capsys.readouterr().out
 
 
 def test_posthoc_weights_for_another_target_are_refused(tmp_path):
@@ -324,18 +325,18 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash="deadbeefdeadbeef"))
     with pytest.raises(ValueError, match=r"mtp\.pt.*deadbeefdeadbeef"):
-        mtp_lib.load_drafter(target, str(tmp_path))
+        load_drafter("mtp", target, str(tmp_path))
     # the same file with the right hash loads
     from checkpoint import weights_hash
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
-    drafter = mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
+    drafter = load_drafter("mtp", target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
     assert (drafter.mtp.depth, drafter.max_K, drafter.margin) == (2, 1, 0.5)
     with pytest.raises(ValueError, match="mtp has 2 modules"):  # bench dies with it (see --mtp-draft)
-        mtp_lib.load_drafter(target, str(tmp_path), mtp_draft=3)
+        load_drafter("mtp", target, str(tmp_path), mtp_draft=3)
     for margin in (-0.5, float("nan")):  # a negative margin gated nothing, as 0 does, without a word
         with pytest.raises(ValueError, match="the mtp confidence margin must be >= 0"):
-            mtp_lib.load_drafter(target, str(tmp_path), mtp_margin=margin)
+            load_drafter("mtp", target, str(tmp_path), mtp_margin=margin)
 
 
 def test_a_deeper_loss_trains_the_shallower_modules_and_the_trunk():
