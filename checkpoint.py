@@ -41,10 +41,12 @@ FEATURE_DRAFTERS = {"mtp": MTP, "eagle": Eagle, "dflash": DFlash}
 def weights_hash(cfg, state_dict):
     """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
     so a fp32 model and its bf16 copy in weights/ have the same hash."""
-    h = hashlib.sha256(json.dumps(cfg if isinstance(cfg, dict) else asdict(cfg), sort_keys=True).encode())
+    cfg = cfg if isinstance(cfg, dict) else asdict(cfg)
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
     for name in sorted(state_dict):
         h.update(name.encode())
-        h.update(state_dict[name].detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+        t = state_dict[name].detach().to("cpu", torch.bfloat16)
+        h.update(t.view(torch.int16).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -83,7 +85,8 @@ def get_device(name=None):
         raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(f"device {name!r}: no CUDA device visible (torch {torch.__version__}, {build})")
+        raise ValueError(f"device {name!r}: no CUDA device visible (torch {torch.__version__}, "
+                         f"{build})")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
@@ -107,7 +110,8 @@ def load_feature_drafter(method, target, folder):
     (MTP heads trained with the target come from its own checkpoint)."""
     native = getattr(target, "ckpt", {}).get("mtp_state_dict")
     if method == "mtp" and native:
-        model, sd, src = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native, "the target's own heads"
+        model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
+        src = "the target's own heads"
     else:
         path = os.path.join(folder, f"{method}.pt")
         ck = load_checkpoint(path, kind=method)
@@ -148,8 +152,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
 # load_drafter's options as command-line flags, the same in bench.py and sample.py:
 # flag -> (the method it belongs to, argparse settings; dest is load_drafter's keyword)
 DRAFTER_FLAGS = {
-    "--block-size": ("dflash", dict(dest="block_size", type=int, default=None, help="dflash block "
-                     "size S (drafts S-1), at most what it was trained for (default: its own, 16)")),
+    "--block-size": ("dflash", dict(dest="block_size", type=int, default=None, help="dflash "
+                     "block size S (drafts S-1), at most the trained one (default: it, 16)")),
     "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false", help="dflash at "
                         "T > 0: draft each slot's argmax instead of drawing from its q")),
     "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None, help="mtp: draft N "
@@ -181,7 +185,8 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
     ckpt.pop("optimizer", None)
     for key in ("state_dict", "mtp_state_dict"):
         if ckpt.get(key):
-            ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}
+            ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v
+                         for k, v in ckpt[key].items()}
     save_checkpoint(dst, ckpt)
     return ckpt
 

@@ -23,9 +23,6 @@ drafts equal the target's tokens, and on that prefix the two are the same.
 
     python train_drafter.py --method eagle                      # into out/cpu/weights/
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods eagle
-
-About 250 lines, over the ~200 budget: the training-time-test attention and the ragged
-catch-up are spelled out rather than folded into helpers shared with mtp.py.
 """
 
 
@@ -42,7 +39,8 @@ def default_layers(L):
     """Low, middle, high taps (1, L//2, L-1): EAGLE-3's reference code taps (2, L/2, L-3) of a
     32-layer Llama, scaled to a shallow target. The very top block is left out, as there: it
     specialises in predicting x_{p+1}, which the drafter gets explicitly as its token input.
-    A target of < 4 blocks has no three distinct such layers; take its top three taps (two when L = 1)."""
+    A target of < 4 blocks has no three distinct such layers; take its top three taps (two
+    when L = 1)."""
     return (1, L // 2, L - 1) if L >= 4 else tuple(range(max(L - 2, 0), L + 1))
 
 
@@ -57,10 +55,10 @@ def ttt_attention(attn, x, cos, sin, kvs):
     q = attn.project_q(x, cos, sin)                                   # (B, H, T, D)
     kvs.append(attn.project_kv(x, cos, sin))                          # (B, H_kv, T, D) each
     j, dev = len(kvs) - 1, x.device
-    k = torch.cat([k for k, _ in kvs], 2)                             # (B, H_kv, (j+1) T, D): step 0, 1, ..
+    k = torch.cat([k for k, _ in kvs], 2)                     # (B, H_kv, (j+1) T, D): step 0, 1, ..
     v = torch.cat([v for _, v in kvs], 2)                             # (B, H_kv, (j+1) T, D)
     step = torch.arange(j + 1, device=dev).repeat_interleave(T)       # ((j+1) T,) step of each key
-    kpos = torch.arange(T, device=dev).repeat(j + 1)                  # ((j+1) T,) position of each key
+    kpos = torch.arange(T, device=dev).repeat(j + 1)          # ((j+1) T,) position of each key
     a = torch.arange(T, device=dev)[:, None] - j                      # (T, 1) anchor of each query
     mask = torch.where(step == 0, kpos <= a, kpos == a + step)        # (T, (j+1) T)
     # NOTE: the query's own key (step j at p) is always visible, so no row is fully masked;
@@ -107,8 +105,10 @@ class Eagle(nn.Module):
         # NOTE: model.forward returns each tapped layer once, in depth order: insist on that
         hl = self.hidden_layers
         if list(hl) != sorted(set(hl)) or hl[0] < 0 or hl[-1] > cfg.n_layer:
-            raise ValueError(f"hidden_layers {self.hidden_layers}: need increasing indices in 0..{cfg.n_layer}")
-        self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)  # fuse 3C -> C
+            raise ValueError(f"hidden_layers {self.hidden_layers}: need increasing indices in "
+                             f"0..{cfg.n_layer}")
+        # fuse 3C -> C
+        self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)
         self.layer = EagleLayer(cfg)
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         for p in self.parameters():
@@ -131,7 +131,7 @@ class Eagle(nn.Module):
         B, T = tokens.shape
         pos = torch.arange(T - 2, device=tokens.device).expand(B, T - 2)  # (B, T-2)
         cos, sin = target.rope(pos)
-        e = target.embed(tokens[:, 1:-1])                             # (B, T-2, C): x_{p+1}, the data
+        e = target.embed(tokens[:, 1:-1])                       # (B, T-2, C): x_{p+1}, the data
         h = self.fc(feats[:, :-2])                                    # (B, T-2, C): f_p
         kvs, outs = [], []
         for _ in range(self.ttt_steps):
@@ -145,8 +145,8 @@ class Eagle(nn.Module):
         """tokens (B, T), feats (B, T, 3C) -> weighted CE over the unroll, agreement per step.
         Tokens before label_from (the corpus prompt) are read as context but never scored."""
         if tokens.shape[1] < max(self.ttt_steps, label_from) + 2:
-            raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for {self.ttt_steps} unroll steps"
-                             f" and labels from position {label_from}")
+            raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for "
+                             f"{self.ttt_steps} unroll steps and labels from position {label_from}")
         labels = tokens[:, 2:]                                        # (B, T-2): x_{p+2}
         total, wsum, agree, count = 0.0, 0.0, [], []
         for j, h in enumerate(self.unroll(target, tokens, feats)):
@@ -175,22 +175,26 @@ class EagleDrafter:
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
         cfg, dt = self.target.cfg, self.target.head.weight.dtype
-        self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)  # fused f_p per position
+        # the fused feature f_p per position
+        self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)
         self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)
         self.cache = KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        # the verify pass fed positions n_old - 1 .. n_old - 1 + K; rejected ones get overwritten later
+        # the verify pass fed positions n_old - 1 .. n_old - 1 + K; rejected ones are overwritten
+        # later
         start = n - n_new - 1
-        pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
-        self.feat.scatter_(1, pos[..., None].expand(-1, -1, self.feat.shape[2]), self.eagle.fc(feats))
+        pos = start[:, None] + torch.arange(feats.shape[1], device=n.device)
+        pos = pos.clamp(max=tokens.shape[1] - 1)
+        idx = pos[..., None].expand(-1, -1, self.feat.shape[2])
+        self.feat.scatter_(1, idx, self.eagle.fc(feats))
 
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
-        fed = int(n[b]) - 1                                           # positions 0..fed-1 have features
+        fed = int(n[b]) - 1                                     # positions 0..fed-1 have features
         self.feat[b, :fed] = self.eagle.fc(feats[0])
-        view = self.cache.row(b)                                      # 0..fed-2 now; catch_up does fed-1
+        view = self.cache.row(b)                                # 0..fed-2 now; catch_up does fed-1
         if fed > 1:
             self._run(self.target.embed(tokens[b:b + 1, 1:fed]), self.feat[b:b + 1, :fed - 1], view)
         self.cache.lengths[b] = fed - 1
@@ -209,12 +213,12 @@ class EagleDrafter:
         """Feed positions up to P = n-2 with true features in one padded pass -> output feature
         (B, C) and logits (B, V) at P, which draft d_1 = x_n. The cache ends at P + 1."""
         P, cache, C = n - 2, self.cache, self.feat.shape[2]
-        cache.rollback(torch.minimum(cache.lengths, P))             # rerun at least P (rows with n_new = 0)
+        cache.rollback(torch.minimum(cache.lengths, P))        # rerun at least P (rows, n_new = 0)
         start = cache.lengths.clone()
         p_idx = ragged_positions(start, P)                            # (B, m), padded with P
         h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p
-        e = self.target.embed(tokens.gather(1, p_idx + 1))            # (B, m, C): x_{p+1}, committed
-        out = self._run(e, h)                                         # padding writes junk past P ...
+        e = self.target.embed(tokens.gather(1, p_idx + 1))      # (B, m, C): x_{p+1}, committed
+        out = self._run(e, h)                                   # padding writes junk past P ...
         cache.rollback(P + 1)                                         # ... which this drops
         h = out[torch.arange(len(n), device=n.device), P - start]     # (B, C)
         return h, self.eagle.logits(self.target, h)
@@ -235,10 +239,12 @@ class EagleDrafter:
         h, logits = self.catch_up(tokens, n)
         drafts, qs = [], []
         for i in range(K):
-            d, q = draft_token(logits, temperature, top_k, generator, self.sample)  # real q when sampling
+            # a real q when sampling
+            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
             drafts.append(d)
             qs += [q] if q is not None else []
             if i < K - 1:
                 h, logits = self.step(h, d)                          # feed back own feature + draft
-        self.cache.rollback(n - 1)                                   # keep only exact positions 0..n-2
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V) | None
+        self.cache.rollback(n - 1)                              # keep only exact positions 0..n-2
+        # (B, K), (B, K, V) | None
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)

@@ -9,7 +9,7 @@ speculate.py's docstring.
          a time (Leviathan et al. 2023); when sampling it returns its real q. Trained like any
          LM: `python train.py --preset cpu-draft --out-path out/cpu/draft.pt`.
 
-    python speculate.py --method ngram --prompt "def parse("
+    python sample.py --method ngram --prompt "def parse("
 """
 
 import torch
@@ -42,7 +42,8 @@ def feed_ragged(model, cache, tokens, n):
 
 def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
     """One draft per row from (B, V) logits. When sampling, draw it from the warped q and return
-    q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as None)."""
+    q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as
+    None)."""
     if temperature > 0 and sample:
         q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
         return draw(q, generator), q
@@ -107,7 +108,8 @@ class ModelDrafter:
 
     def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
         if tokens.shape[1] > self.model.cfg.max_seq_len:  # its positions run as far as the target's
-            raise ValueError(f"this run needs {tokens.shape[1]} positions (prompt + new tokens + draft headroom), "
+            raise ValueError(f"this run needs {tokens.shape[1]} positions (prompt + new tokens + "
+                             f"draft headroom), "
                              f"past the draft model's context of {self.model.cfg.max_seq_len}")
         self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
 

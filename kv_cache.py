@@ -14,7 +14,7 @@ hidden by the mask and later overwritten, which is why the mask is derived from 
 and never from what the buffer happens to contain.
 
 The same class serves the target, the small draft model, the MTP modules and the EAGLE drafter.
-(DFlash keeps only its context K/V, in plain buffers of this layout: cuda.kv_inject writes all
+(DFlash keeps only its context K/V, in plain buffers of this layout: kv_inject writes all
 its layers at once, and its block is recomputed every pass.) Typical use inside a model's
 forward:
 
@@ -32,7 +32,8 @@ import torch
 
 class KVCache:
 
-    def __init__(self, n_layer, batch_size, n_kv_head, max_len, head_dim, device="cpu", dtype=torch.float32):
+    def __init__(self, n_layer, batch_size, n_kv_head, max_len, head_dim, device="cpu",
+                 dtype=torch.float32):
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)  # (L, B, H, T_max, D)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)

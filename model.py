@@ -49,8 +49,10 @@ PRESETS = {
     "cpu": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=768, max_seq_len=384),
     "gpu": dict(n_layer=14, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048, max_seq_len=1024),
     # the small models of the `draft` method (speculate.py): same family, same context
-    "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384, max_seq_len=384),
-    "gpu-draft": dict(n_layer=4, n_head=8, n_kv_head=4, n_embd=256, mlp_hidden=768, max_seq_len=1024),
+    "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384,
+                      max_seq_len=384),
+    "gpu-draft": dict(n_layer=4, n_head=8, n_kv_head=4, n_embd=256, mlp_hidden=768,
+                      max_seq_len=1024),
 }
 
 
@@ -73,7 +75,8 @@ class RMSNorm(nn.Module):
 def rope_table(cfg, device=None):
     """cos, sin of shape (max_seq_len, D/2) for rotary embeddings."""
     D = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    i = torch.arange(0, D, 2, dtype=torch.float32, device=device)
+    inv_freq = 1.0 / (cfg.rope_theta ** (i / D))
     t = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)  # (T_max, D/2)
     return freqs.cos(), freqs.sin()
@@ -82,7 +85,7 @@ def rope_table(cfg, device=None):
 def apply_rope(x, cos, sin):
     """Rotate x (B, H, T, D) by angles given per position: cos, sin (B, 1, T, D/2).
     Rotate-half convention (as in Qwen/LLaMA): pairs are (i, i + D/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # in float32 whatever x is, rounded once (as cuda.kv_inject)
+    x1, x2 = x.float().chunk(2, dim=-1)  # in float32 whatever x is, rounded once (as kv_inject)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
@@ -184,7 +187,7 @@ class Transformer(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):
         # model.to(bfloat16) would round the RoPE tables too: keep the exact float32 ones and
-        # only move them (cuda.kv_inject requires float32, and bf16's 8 bits cannot tell the
+        # only move them (kv_inject requires float32, and bf16's 8 bits cannot tell the
         # angles of nearby positions apart)
         cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, *args, **kwargs)
@@ -208,7 +211,8 @@ class Transformer(nn.Module):
         B, T = idx.shape
         if cache is None:
             if T > self.cfg.max_seq_len:
-                raise ValueError(f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+                raise ValueError(f"sequence of {T} tokens exceeds max_seq_len "
+                                 f"{self.cfg.max_seq_len}")
             pos = torch.arange(T, device=idx.device).expand(B, T)
         else:
             pos = cache.positions(T)  # (B, T) per-row absolute positions
@@ -227,7 +231,8 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size, max_len=None, dtype=None):
         cfg = self.cfg
-        return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim,
+        return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len,
+                       cfg.head_dim,
                        device=self.head.weight.device, dtype=dtype or self.head.weight.dtype)
 
 
@@ -259,7 +264,8 @@ def draw(probs, generator=None):
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
-    x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up to total
+    # u * total may round up to total
+    x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))
     return torch.searchsorted(cdf, x, right=True)[..., 0]
 
 

@@ -22,10 +22,6 @@ engine): draft at most N tokens, and stop a row's chain after the first module a
 top-1 vs top-2 raw-logit margin is below M (that module's draft is still proposed); a stopped
 row leaves its later slots empty (NO_DRAFT) while other rows draft on, and the chain ends when
 every row has stopped.
-
-Size: ~200 lines against DESIGN's ~150, because it holds both ways of training (native inside
-train.py, post-hoc as PostHocMTP) and the drafter's per-module caches with their catch-up on
-rows of different lengths, besides the modules themselves.
 """
 
 
@@ -79,8 +75,9 @@ class MTP(nn.Module):
             Tk = T - k
             pos = torch.arange(Tk, device=tokens.device).expand(B, Tk)
             cos, sin = target.rope(pos)
-            h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)  # all t: module k+1 reads them
-            t0 = max(label_from - k - 1, 0)                                # first t with a label to score
+            # all t (module k+1 reads them), then only from the first t with a label to score
+            h = mod(h[:, :Tk], target.embed(tokens[:, k:k + Tk]), cos, sin)
+            t0 = max(label_from - k - 1, 0)
             logits = target.head(mod.out_norm(h[:, t0:]))                  # (B, Tk - t0, V)
             labels = tokens[:, k + 1 + t0:k + 1 + Tk]
             losses.append(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()))
@@ -115,7 +112,8 @@ class MTPDrafter:
         self.target, self.mtp = target, mtp
         n_draft = mtp.depth if n_draft is None else n_draft
         if not 1 <= n_draft <= mtp.depth:
-            raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, not {n_draft}")
+            raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, "
+                             f"not {n_draft}")
         if not margin >= 0:  # a negative margin would gate nothing, as 0 does: say so instead
             raise ValueError(f"the mtp confidence margin must be >= 0 (0: no gate), got {margin}")
         self.margin, self.sample = margin, sample
@@ -132,16 +130,18 @@ class MTPDrafter:
         # H[k] (B, T_max, C): module k's output per position (H[0] = target features)
         self.H = torch.zeros(self.mtp.depth + 1, B, T_max, cfg.n_embd, device=dev, dtype=dt)
         self.H[0, :, :feats.shape[1]] = feats
-        self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt) for _ in range(self.mtp.depth)]
+        self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
+                       for _ in range(self.mtp.depth)]
 
     def update(self, tokens, n, feats, n_new):
         # the verify pass fed positions (n - n_new - 1) .. ; store its features there
         start = n - n_new - 1
-        pos = (start[:, None] + torch.arange(feats.shape[1], device=n.device)).clamp(max=tokens.shape[1] - 1)
+        pos = start[:, None] + torch.arange(feats.shape[1], device=n.device)
+        pos = pos.clamp(max=tokens.shape[1] - 1)
         self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
 
     def _run(self, mod, cache, h, e):
-        """Append positions with inputs h, e (B, m, C) to module mod's cache -> outputs, positions."""
+        """Append positions with inputs h, e (B, m, C) to mod's cache -> outputs, positions."""
         pos = cache.positions(h.shape[1])
         cos, sin = self.target.rope(pos)
         out = mod(h, e, cos, sin, cache, pos)          # (B, m, C)
@@ -153,9 +153,10 @@ class MTPDrafter:
         N = int(n[b])
         self.H[0, b, :N - 1] = feats[0]
         for k, (mod, cache) in enumerate(zip(self.mtp.mods, self.caches), 1):
-            m = max(N - k, 0)  # module k's exact positions 0..N-1-k: their inputs x_{p+k} are committed
+            m = max(N - k, 0)  # module k's exact positions 0..N-1-k: inputs x_{p+k} committed
             if m:
-                out, _ = self._run(mod, cache.row(b), self.H[k - 1, b:b + 1, :m], self.target.embed(tokens[b:b + 1, k:k + m]))
+                e = self.target.embed(tokens[b:b + 1, k:k + m])
+                out, _ = self._run(mod, cache.row(b), self.H[k - 1, b:b + 1, :m], e)
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
