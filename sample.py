@@ -11,6 +11,7 @@ import os
 import time
 
 import data
+import interop
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
                         load_target)
 from model import generate as naive_generate
@@ -31,7 +32,8 @@ def get_parser():
     p.add_argument("--check", action="store_true",
                    help="greedy: also decode with model.generate (no cache) and compare")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint (default: the committed one)")
+                   help="target checkpoint, or a Hugging Face Qwen3 folder (default: the "
+                   "committed one)")
     p.add_argument("--weights", default=None, metavar="DIR",
                    help="folder of the drafter's checkpoint (default: the target's folder)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
@@ -45,7 +47,9 @@ def main(argv=None):
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         options = drafter_options(args, parser, [args.method])
-        prompt = data.get_encoding().encode_ordinary(args.prompt)
+        hf = os.path.isdir(args.target)  # a Hugging Face folder brings its own tokenizer
+        enc = interop.load_hf_tokenizer(args.target) if hf else data.get_encoding()
+        prompt = enc.encode_ordinary(args.prompt)
         target = load_target(args.target, device=get_device(args.device))
         drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.target),
                                **options)
@@ -56,7 +60,7 @@ def main(argv=None):
         dt = time.perf_counter() - t0
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
-    print(args.prompt + data.get_encoding().decode(outs[0]))
+    print(args.prompt + enc.decode(outs[0]))
     acc = " ".join(f"{a:.2f}" for a in st["acceptance_per_position"])
     print(f"\n[{args.method}] tau {st['tau']:.2f} | {st['new_tokens'] / dt:.1f} tok/s | "
           f"{st['verify_passes']} target passes | acceptance per position: {acc or '-'}")

@@ -1,0 +1,173 @@
+"""
+interop.py against the libraries that define the formats (DESIGN.md sec. 10): transformers'
+Qwen3ForCausalLM and tokenizers' byte-level BPE, on tiny random models made here (no hub).
+
+- a Qwen3 folder saved by transformers (tied and untied, fp32 and bf16, sharded) loads with
+  transformers' logits and greedy continuation; our export loads back into transformers
+- tokenizer.json <-> tiktoken: the same ids on every committed held-out prompt, both ways
+- a DFlash drafter in z-lab's layout drafts what it drafted before, and decoding on a loaded
+  Qwen3 target stays lossless for every method; bad folders are refused in one line
+
+    python -m pytest -q tests/test_interop.py
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+import data
+import interop
+import speculate
+from checkpoint import load_drafter, load_target
+from draft_diffusion import DFlash, DFlashDrafter
+from draft_simple import ModelDrafter, NgramDrafter
+from model import generate as naive_generate
+
+V = 97
+
+
+def hf_qwen3(tmp_path, name="qwen", tied=False, dtype=torch.float32, shard=None, seed=0):
+    """A random tiny Qwen3ForCausalLM saved by transformers; head_dim 32 is not C / n_head (16)."""
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=96,
+                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=tied)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so that a norm loaded into the wrong place shows
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    folder = str(tmp_path / name)
+    model.to(dtype).save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    return folder, model.float()
+
+
+@pytest.mark.parametrize("tied, dtype, shard", [(False, torch.float32, None), (True, torch.float32, None),
+                                                (False, torch.bfloat16, None), (False, torch.float32, "40KB")])
+def test_a_transformers_qwen3_loads_with_its_logits(tmp_path, tied, dtype, shard):
+    folder, hf = hf_qwen3(tmp_path, tied=tied, dtype=dtype, shard=shard)
+    if shard:
+        assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
+    ours = load_target(folder)
+    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (ours(ids)[0] - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-5, diff
+    out = hf.generate(ids[:1], max_new_tokens=12, do_sample=False)[0, 20:].tolist()
+    assert naive_generate(ours, ids[0].tolist(), 12) == out
+    # and back: our export loads into transformers with the same logits (bf16 on disk)
+    interop.save_hf_target(ours, str(tmp_path / "back"), dtype=torch.float32)
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back")).eval()
+    with torch.no_grad():
+        assert (again(ids).logits - ours(ids)[0]).abs().max().item() <= 1e-5
+
+
+def test_our_tokenizer_exports_to_a_tokenizer_json_with_the_same_ids(tmp_path):
+    enc = data.get_encoding()
+    interop.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR)
+    tk = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
+    assert all(tk.encode(p).ids == enc.encode_ordinary(p) for p in prompts)
+    back = interop.load_hf_tokenizer(str(tmp_path))
+    assert all(back.encode_ordinary(p) == enc.encode_ordinary(p) for p in prompts)
+    assert back.encode(data.MASK, allowed_special="all") == [enc.n_vocab - 1]
+
+
+def test_a_qwen_style_tokenizer_json_converts_to_tiktoken(tmp_path):
+    """A byte-level BPE trained here with tokenizers, Qwen's split regex, NFC and specials: the
+    tiktoken built from its tokenizer.json gives its ids on every committed prompt."""
+    from tokenizers import Regex, models, normalizers, pre_tokenizers, trainers
+    tk = tokenizers.Tokenizer(models.BPE())
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(interop.QWEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
+    trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(prompts[::2], trainer)
+    tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tk.save(str(tmp_path / "tokenizer.json"))
+    enc = interop.load_hf_tokenizer(str(tmp_path))
+    text = prompts + ["cafe\u0301 = 'naïve'  # é, NFC\n"]  # a combining accent: NFC changes it
+    assert all(enc.encode_ordinary(t) == tk.encode(t).ids for t in text)
+    assert enc.encode("<|im_start|>x<|im_end|>", allowed_special="all") == \
+        tk.encode("<|im_start|>x<|im_end|>").ids
+
+
+def random_dflash(target, **kw):
+    torch.manual_seed(3)
+    df = DFlash(target.cfg, n_layer=2, n_features=2, block_size=6, mask_id=V - 1, **kw)
+    with torch.no_grad():
+        for n, p in df.named_parameters():
+            p.normal_(1.0 if "norm" in n else 0.0, 0.3 if "norm" in n else 0.1)
+    return df.eval()
+
+
+def test_a_dflash_drafter_round_trips_through_the_zlab_layout(tmp_path):
+    folder, _ = hf_qwen3(tmp_path)
+    target = load_target(folder)
+    df = random_dflash(target)
+    interop.save_zlab_dflash(df, str(tmp_path / "dflash"), dtype=torch.float32)
+    c = json.load(open(tmp_path / "dflash" / "config.json"))
+    assert c["architectures"] == ["DFlashDraftModel"] and c["block_size"] == 6
+    assert c["dflash_config"] == {"target_layer_ids": [l - 1 for l in df.hidden_layers], "mask_token_id": V - 1}
+    back = load_drafter("dflash", target, str(tmp_path / "dflash"))
+    prompt = [[5, 9, 2, 7, 7, 1, 30], [4, 4]]
+    blocks = []
+    for dr in (DFlashDrafter(target, df), back):
+        tokens = torch.zeros(2, 40, dtype=torch.long)
+        tokens[0, :7], tokens[1, :2] = torch.tensor(prompt[0]), torch.tensor(prompt[1])
+        n = torch.tensor([7, 2])
+        _, hidden = target(tokens[:, :7], hidden_layers=dr.hidden_layers)
+        dr.prefill(tokens, n, torch.cat(hidden, -1))
+        blocks.append(dr.block_logits(tokens, n, 6))
+    assert torch.allclose(blocks[0], blocks[1], atol=1e-5)
+
+
+def test_every_method_is_lossless_on_a_loaded_qwen3_target(tmp_path):
+    from test_eagle import random_eagle
+    from test_mtp import random_mtp
+    from draft_eagle import EagleDrafter
+    from mtp import MTPDrafter
+    folder, _ = hf_qwen3(tmp_path, tied=True)
+    target = load_target(folder)
+    draft_folder, _ = hf_qwen3(tmp_path, name="small", seed=1)
+    drafters = dict(ar=None, ngram=NgramDrafter(), draft=ModelDrafter(load_target(draft_folder)),
+                    mtp=MTPDrafter(target, random_mtp(target)),
+                    eagle=EagleDrafter(target, random_eagle(target)),
+                    dflash=DFlashDrafter(target, random_dflash(target)))
+    prompts = [[5, 9, 2, 7, 7, 1, 30], [4, 4], [1, 2, 3, 1, 2, 3, 1, 2]]
+    for name, dr in drafters.items():
+        outs, _ = speculate.generate(target, prompts, dr, max_new_tokens=16, K=4)
+        assert outs == [naive_generate(target, p, 16) for p in prompts], name
+
+
+def test_bad_folders_are_refused_in_one_line(tmp_path):
+    folder, _ = hf_qwen3(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_target(str(tmp_path))
+    cfg_path = os.path.join(folder, "config.json")
+    good = json.load(open(cfg_path))
+    for change, message in [({"architectures": ["LlamaForCausalLM"]}, "this loads Qwen3ForCausalLM"),
+                            ({"num_hidden_layers": 2}, r"1 tensors unexpected|tensors unexpected"),
+                            ({"num_hidden_layers": 4}, "tensors missing"),
+                            ({"intermediate_size": 80}, "of the wrong shape, e.g. model.layers.0.mlp")]:
+        json.dump({**good, **change}, open(cfg_path, "w"))
+        with pytest.raises(ValueError, match=message):
+            load_target(folder)
+    json.dump(good, open(cfg_path, "w"))
+    target = load_target(folder)
+    interop.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
+    dpath = tmp_path / "dflash" / "config.json"
+    dgood = json.load(open(dpath))
+    json.dump({**dgood, "dflash_config": {**dgood["dflash_config"], "target_layer_ids": [1, 3]}},
+              open(dpath, "w"))
+    with pytest.raises(ValueError, match=r"target_layer_ids \[1, 3\] do not fit a target of 3 layers"):
+        load_drafter("dflash", target, str(tmp_path / "dflash"))
