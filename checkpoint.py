@@ -27,6 +27,7 @@ from dataclasses import asdict
 import torch
 
 import data
+import interop
 from draft_diffusion import DFlash, DFlashDrafter
 from draft_eagle import Eagle, EagleDrafter
 from draft_simple import ModelDrafter, NgramDrafter
@@ -41,7 +42,13 @@ FEATURE_DRAFTERS = {"mtp": MTP, "eagle": Eagle, "dflash": DFlash}
 def weights_hash(cfg, state_dict):
     """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
     so a fp32 model and its bf16 copy in weights/ have the same hash."""
-    cfg = cfg if isinstance(cfg, dict) else asdict(cfg)
+    cfg = dict(cfg if isinstance(cfg, dict) else asdict(cfg))
+    # fields added after the reference weights were trained count only where they are not
+    # their default, so that the committed drafters still match their target
+    if cfg.get("head_dim") == cfg["n_embd"] // cfg["n_head"]:
+        del cfg["head_dim"]
+    if not cfg.get("tie_embeddings", True):
+        del cfg["tie_embeddings"]
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
     for name in sorted(state_dict):
         h.update(name.encode())
@@ -93,7 +100,10 @@ def get_device(name=None):
 
 
 def load_target(path, device="cpu", dtype=torch.float32):
-    """Load a target checkpoint; refuse one trained with another tokenizer."""
+    """Load a target checkpoint, or a Hugging Face Qwen3 folder (interop.py); refuse a
+    checkpoint trained with another tokenizer."""
+    if os.path.isdir(path):
+        return interop.load_hf_target(path, device, dtype)
     ckpt = load_checkpoint(path, kind="target")
     if ckpt.get("tokenizer") != data.tokenizer_hash():
         raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
@@ -112,6 +122,9 @@ def load_feature_drafter(method, target, folder):
     if method == "mtp" and native:
         model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
         src = "the target's own heads"
+    elif method == "dflash" and os.path.isfile(os.path.join(folder, "config.json")):
+        model, src = interop.load_zlab_dflash(folder, target), f"z-lab folder {folder}"
+        sd = model.state_dict()
     else:
         path = os.path.join(folder, f"{method}.pt")
         ck = load_checkpoint(path, kind=method)

@@ -34,10 +34,13 @@ class Config:  # placeholder sizes: every model is built from a PRESETS entry be
     max_seq_len: int = 512     # longest context (RoPE table, KV cache size)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    # two fields real Qwen3 checkpoints need (interop.py): a head size other than C / n_head
+    # (Qwen3-0.6B: 1024 / 16 heads, head_dim 128), and a head that shares the embedding's weights
+    head_dim: int = 0          # 0: n_embd // n_head
+    tie_embeddings: bool = False
 
-    @property
-    def head_dim(self):
-        return self.n_embd // self.n_head
+    def __post_init__(self):
+        self.head_dim = self.head_dim or self.n_embd // self.n_head
 
 
 # Presets: `tiny` for tests (seconds), `cpu` for the CPU benchmark (its size is a trade-off:
@@ -172,6 +175,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
         cos, sin = rope_table(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
