@@ -1,5 +1,6 @@
 """Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
 import hashlib
+import json
 import os
 import re
 import sys
@@ -240,7 +241,7 @@ def tiny_corpus(tmp_path, monkeypatch):
     for s in ("a", "b", "c"):
         (tmp_path / f"{s}.py").write_text(f"def {s}():\n    return 1\n")
     files = {"train": [("a", str(tmp_path / "a.py"))], "val": [("b", str(tmp_path / "b.py"))]}
-    monkeypatch.setattr(data, "corpus_files", lambda: files)
+    monkeypatch.setattr(data, "corpus_files", lambda corpus="small": files)
     return files
 
 
@@ -350,3 +351,108 @@ def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, m
     rc, out, err = run_script("data.py", *flags, cwd=tmp_path)
     assert rc == 1 and re.search(message, err), err[-800:]
     assert "corpus:" not in out  # refused before any work
+
+
+# ----------------------------------------------------------------------------- the broad corpus
+
+def fake_install(tmp_path, monkeypatch):
+    """A stdlib and two site-packages folders in tmp_path, no torch or numpy: a.py in the
+    stdlib; in site1 pkg/ with a copy of a.py, a unique file, a file whose bytes repeat another
+    of site1's, and a test folder; site2 installs pkg/unique.py again (shadowed by site1's)."""
+    files = {"stdlib/a.py": "x = 1\n", "site1/pkg/copy_of_a.py": "x = 1\n",
+             "site1/pkg/unique.py": "y = 2\n", "site1/pkg/z_same.py": "y = 2\n",
+             "site1/pkg/tests/test_pkg.py": "z = 3\n", "site1/top.py": "t = 4\n",
+             "site2/pkg/unique.py": "shadowed = True\n", "site2/other.py": "o = 5\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(data.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path / "stdlib")})
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(data, "site_dirs", lambda: [str(tmp_path / s) for s in ("site1", "site2")])
+    monkeypatch.setattr(data, "VAL_PER_MILLE", 0)  # everything in train: one list to compare
+
+
+def test_the_broad_corpus_adds_new_contents_once_in_a_fixed_order(tmp_path, monkeypatch):
+    fake_install(tmp_path, monkeypatch)
+    assert [k for k, _ in data.corpus_files.__wrapped__("small")["train"]] == ["stdlib/a.py"]
+    files = data.corpus_files.__wrapped__("all")["train"]
+    # small first; then by key: pkg/copy_of_a.py (a.py's bytes) and pkg/z_same.py (unique.py's)
+    # go, tests stay out, and pkg/unique.py is site1's, the copy Python would import
+    assert [k for k, _ in files] == ["stdlib/a.py", "other.py", "pkg/unique.py", "top.py"]
+    assert dict(files)["pkg/unique.py"] == str(tmp_path / "site1" / "pkg" / "unique.py")
+    with pytest.raises(ValueError, match="unknown corpus 'everything'"):
+        data.corpus_files.__wrapped__("everything")
+
+
+def test_site_dirs_hold_the_installed_packages():
+    dirs = data.site_dirs()
+    assert dirs and all(os.path.isdir(d) for d in dirs) and len(dirs) == len(set(dirs))
+    assert os.path.realpath(os.path.dirname(os.path.dirname(tiktoken.__file__))) in dirs
+
+
+def test_the_broad_corpus_holds_other_packages_and_keeps_small_as_its_prefix():
+    small, broad = data.corpus_files("small"), data.corpus_files("all")
+    for split in ("train", "val"):  # small's files, keys and split unchanged, in front
+        assert broad[split][:len(small[split])] == small[split]
+        keys = [k for k, _ in broad[split][len(small[split]):]]
+        assert keys == sorted(keys) and not {k.split("/")[0] for k in keys} & {"stdlib"}
+        for key in keys:
+            assert key.endswith(".py") and not set(key.split("/")[:-1]) & data.SKIP_DIRS, key
+    keys = {k for split in broad.values() for k, _ in split}
+    assert "tiktoken/core.py" in keys  # a dependency of ours, so installed wherever this runs
+    assert not {k for split in small.values() for k, _ in split} & {"tiktoken/core.py"}
+    assert len(keys) > 2 * len(small["train"])
+    # the split is the hash of the key here too, so a file is held out in both corpora or neither
+    for split, files in broad.items():
+        for key, _ in files:
+            h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % 1000
+            assert (h < data.VAL_PER_MILLE) == (split == "val"), key
+    # no content twice among the files the broad corpus adds, nor one that small already has
+    added = [p for s in ("train", "val") for _, p in broad[s][len(small[s]):]]
+    digests = [data.sha1_of(p) for p in added]
+    small_digests = {data.sha1_of(p) for split in small.values() for _, p in split}
+    assert len(set(digests)) == len(digests) and not set(digests) & small_digests
+
+
+def test_the_committed_prompts_stay_held_out_in_the_broad_corpus():
+    val_texts = [t for _, t in data.read_texts(data.corpus_files("all")["val"])]
+    for prompt in data.reference_prompts(data.N_REFERENCE_PROMPTS):
+        assert any(prompt in t for t in val_texts), prompt
+
+
+REFERENCE_ENV = (sys.version.split()[0], torch.__version__.split("+")[0], np.__version__)
+
+
+@pytest.mark.skipif(REFERENCE_ENV != data.REFERENCE_VERSIONS,
+                    reason=f"the committed bins were built with {data.REFERENCE_VERSIONS}")
+def test_the_default_corpus_is_the_one_the_committed_weights_were_trained_on():
+    files = data.corpus_files()
+    assert files == data.corpus_files("small")
+    assert (len(files["train"]), len(files["val"])) == (3074, 59)
+    listing = json.dumps({s: [k for k, _ in v] for s, v in files.items()}).encode()
+    assert hashlib.sha256(listing).hexdigest()[:12] == "132cd53d68a3"  # meta.json's fingerprint
+
+
+def test_each_corpus_has_bins_of_its_own(tmp_path, monkeypatch):
+    files = tiny_corpus(tmp_path, monkeypatch)
+    both = {"small": files, "all": {"train": files["train"] * 2, "val": files["val"]}}
+    monkeypatch.setattr(data, "corpus_files", lambda corpus="small": both[corpus])
+    monkeypatch.setattr(data, "_prepared", {})
+    out = str(tmp_path / "out")
+    small, broad = data.prepare(out), data.prepare(out, corpus="all")
+    assert (small["corpus"], broad["corpus"]) == ("small", "all")
+    assert small["paths"]["train"] == os.path.join(out, "data", "train.bin")
+    assert broad["paths"]["train"] == os.path.join(out, "data-all", "train.bin")
+    assert (small["files"]["train"], broad["files"]["train"]) == (1, 2)
+    tokens = data.load_tokens("train", out, corpus="all")
+    assert len(tokens) == broad["tokens"]["train"] == 2 * small["tokens"]["train"]
+
+
+def test_train_tokenizer_reports_each_size_and_writes_the_ranks(tmp_path, monkeypatch, capsys):
+    files = tiny_corpus(tmp_path, monkeypatch)
+    monkeypatch.setattr(data, "TOKENIZER_PATH", str(tmp_path / "t.tiktoken"))
+    data.train_tokenizer(files, 260, [258, 270], every=1)
+    out = capsys.readouterr().out
+    assert re.findall(r"vocab +(\d+):", out) == ["258", "260", "270"]
+    ranks = data.read_ranks(data.TOKENIZER_PATH)  # the vocab asked for, not the largest measured
+    assert sorted(ranks.values()) == list(range(260))
