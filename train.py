@@ -11,14 +11,11 @@ At the end it prints a quality report: greedy continuations of held-out prompts 
 often they repeat their own 8-grams, against the real code. A target that loops makes every
 drafter look brilliant, so this number decides whether a benchmark on it means anything.
 
-Until it finishes, a run saves every --save-minutes minutes (2) and every --save-every steps
-(500) to the checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint
-itself, so a killed run cannot pass for a finished target; --resume out/cpu/target.run.pt
-continues it. The finished checkpoint keeps its optimizer, so --resume can also extend it with
-a larger --minutes (or a larger --max-steps, for a run that --max-steps ended).
-
-About 355 lines against DESIGN's ~250: the quality report (~40 lines) and resuming a killed
-run (~40, whose flag check and run-file claim train_drafter.py shares) live here too.
+Resume: every --save-minutes (2) a run saves its weights, optimizer, step and clock to the
+checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint itself, so a
+killed run cannot pass for a finished target. The same command plus --resume continues it;
+--resume FILE continues FILE, e.g. a finished checkpoint given a larger --minutes. The model's
+shape (preset, MTP depth) comes from the file; give the other flags as before.
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -28,26 +25,26 @@ run (~40, whose flag check and run-file claim train_drafter.py shares) live here
 import argparse
 import math
 import os
-import sys
 import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import data
+import speculate
 from checkpoint import get_device, load_checkpoint, save_checkpoint
 from data import DefaultsHelp, check_writable
+from draft_simple import NgramDrafter
 from model import PRESETS, Config, Transformer
+from mtp import MTP
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
-# a run in progress saves at least this often, in both trainers (on a 2-core CPU, a save of the
-# cpu target's run file, 82 MB, took ~0.15 s; of the gpu target's, 1.1 GB, 2-5 s)
-SAVE_MINUTES = 2.0
 
 
 def get_batch(tokens, batch_size, seq_len, gen, device):
     """Random windows of seq_len+1 tokens from a token memmap -> (B, T+1) int64."""
-    ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=gen).tolist()  # starts 0..len-T-1
+    ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=gen).tolist()
     x = np.stack([tokens[i:i + seq_len + 1].astype(np.int64) for i in ix])
     return torch.from_numpy(x).to(device)
 
@@ -56,17 +53,18 @@ def lr_at(frac, step, args):
     """Linear warm-up over --warmup-steps, then cosine from lr down to lr * min_lr_frac."""
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
-    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+    cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * cos)
 
 
 @torch.no_grad()
 def evaluate(model, batches, enc):
-    """Mean validation loss (nats/token) and bits per byte over fixed batches."""
+    """Mean validation loss (nats/token) and bits per byte over fixed (B, T+1) batches."""
     model.eval()
     losses, n_bytes, n_tok = [], 0, 0
     for xy in batches:
         logits, _ = model(xy[:, :-1])
-        losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten()).item())
+        losses.append(F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten()).item())
         for row in xy[:, 1:].tolist():
             n_bytes += len(enc.decode_bytes(row))
             n_tok += len(row)
@@ -77,9 +75,8 @@ def evaluate(model, batches, enc):
 
 def lookup_hit_rate(prompt, cont):
     """How often prompt lookup (1-token draft) guesses the next token of a continuation. Without
-    a match it guesses the last token again, as `ngram` drafted until it learned to draft
-    nothing there (commit 279b253), so the rates stay comparable with the older ones recorded."""
-    from draft_simple import NgramDrafter
+    a match it guesses the last token again, so that the rates stay comparable with the older
+    ones recorded in docs/experiments.md."""
     look, hits = NgramDrafter(n=3), 0
     for t in range(len(cont)):
         seq = prompt + cont[:t]
@@ -91,45 +88,49 @@ def lookup_hit_rate(prompt, cont):
 def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
     """Does the target write code, or loop? Fraction of repeated 8-grams in its greedy (T=0)
     and sampled (T=1) continuations of held-out prompts, against the real continuations."""
-    from speculate import generate
     enc = data.get_encoding()
     samples = data.heldout_samples(n_prompts)
     prompts = [enc.encode_ordinary(p) for p, _ in samples]
     real = [enc.encode_ordinary(c)[:n_tokens] for _, c in samples]
-    greedy, _ = generate(model, prompts, None, max_new_tokens=n_tokens)
-    sampled, _ = generate(model, prompts, None, max_new_tokens=n_tokens, temperature=1.0, seed=0)
+    greedy, _ = speculate.generate(model, prompts, None, max_new_tokens=n_tokens)
+    sampled, _ = speculate.generate(model, prompts, None, max_new_tokens=n_tokens,
+                                    temperature=1.0, seed=0)
     rep = lambda outs: float(np.mean([data.repeated_ngram_fraction(o, 8) for o in outs]))
     look = lambda outs: float(np.mean([lookup_hit_rate(p, o) for p, o in zip(prompts, outs)]))
     q = dict(repeat8_greedy=rep(greedy), repeat8_sampled=rep(sampled), repeat8_real=rep(real),
              lookup_greedy=look(greedy), lookup_real=look(real))
     if verbose:
         print(f"quality report ({n_prompts} held-out prompts, {n_tokens} tokens):")
-        print(f"  repeated 8-grams: greedy {q['repeat8_greedy']:.1%} | T=1 {q['repeat8_sampled']:.1%} | "
-              f"real code {q['repeat8_real']:.1%}")
-        print(f"  prompt lookup guesses: greedy {q['lookup_greedy']:.1%} | real code {q['lookup_real']:.1%}")
-        print("  sample (greedy):\n" + "\n".join("    | " + l for l in (samples[0][0] + enc.decode(greedy[0])).splitlines()[:16]))
+        print(f"  repeated 8-grams: greedy {q['repeat8_greedy']:.1%} | "
+              f"T=1 {q['repeat8_sampled']:.1%} | real code {q['repeat8_real']:.1%}")
+        print(f"  prompt lookup guesses: greedy {q['lookup_greedy']:.1%} | "
+              f"real code {q['lookup_real']:.1%}")
+        text = (samples[0][0] + enc.decode(greedy[0])).splitlines()[:16]
+        print("  sample (greedy):\n" + "\n".join("    | " + line for line in text))
     return q
 
 
 def check_args(args, names, zero_ok=()):
     """Counts in names must be >= 1 and those in zero_ok >= 0; the budget, the learning rate
-    and the gradient clip > 0, the other optimisation settings in their range. A bad one ends
-    in one line before any work."""
+    and the gradient clip > 0, the other optimisation settings in their range. Written as
+    `not x >= 0` so that NaN is refused too (a nan budget never ran out, a nan rate trained a
+    nan model)."""
+    flag = lambda name: "--" + name.replace("_", "-")
     for name in names:
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("threads", "max_steps", "save_every", "save_minutes", *zero_ok):  # 0: "off" or "torch's choice"
-        if not (getattr(args, name, 0) or 0) >= 0:  # a negative one was taken as 0 or as every step; nan never saved
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+            raise ValueError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
+    for name in ("threads", "max_steps", "save_minutes", *zero_ok):  # 0: "off" or "torch's"
+        if not (getattr(args, name, 0) or 0) >= 0:
+            raise ValueError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
     for name in ("minutes", "lr", "grad_clip"):
         value = getattr(args, name, None)
-        if value is not None and not value > 0:  # NaN too: a nan budget never ran out
-            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if value is not None and not value > 0:
+            raise ValueError(f"{flag(name)} must be > 0, got {value}")
     for name, high in (("min_lr_frac", 1), ("weight_decay", math.inf), ("mtp_lambda", math.inf)):
         value = getattr(args, name, None)
-        if value is not None and not 0 <= value <= high:  # a nan one trained a nan model
-            raise ValueError(f"--{name.replace('_', '-')} must be " + (f"in 0..{high}" if high < math.inf else ">= 0")
-                             + f", got {value}")
+        if value is not None and not 0 <= value <= high:
+            span = f"in 0..{high}" if high < math.inf else ">= 0"
+            raise ValueError(f"{flag(name)} must be {span}, got {value}")
 
 
 def eta_s(budget, elapsed, step, max_steps):
@@ -138,136 +139,90 @@ def eta_s(budget, elapsed, step, max_steps):
     return min(left, (max_steps - step) * elapsed / step) if max_steps else left
 
 
-def save_due(args, step, since_save):
-    """Whether a run in progress saves now, since_save seconds after its last save (or its start):
-    every --save-every steps, and once --save-minutes have passed, since on a CPU 500 steps can
-    take half an hour: a killed run loses at most that much."""
-    by_steps = args.save_every and step % args.save_every == 0
-    return bool(by_steps or (args.save_minutes and since_save >= args.save_minutes * 60))
-
-
-# the flags that shape a run: resuming under others would not continue the same run
-RUN_FLAGS = ("preset", "seed", "batch_size", "seq_len", "lr", "min_lr_frac", "warmup_steps", "weight_decay",
-             "grad_clip", "mtp_depth", "mtp_lambda")
-
-
 def run_path(out_path):
-    """Where a run in progress saves. out_path is written only when the run finishes, so a killed
-    run never leaves a half-trained model (target, draft model or drafter) where bench.py would
-    take it for a finished one."""
+    """Where a run in progress saves: out_path is written only when the run finishes."""
     return os.path.splitext(out_path)[0] + ".run.pt"
 
 
-def out_path_of(args):
-    """The finished checkpoint's path: --out-path, else <out>/<preset>/target.pt."""
-    return args.out_path or os.path.join(args.out, args.preset, "target.pt")
-
-
-class ReportInterrupted(KeyboardInterrupt):
-    """Ctrl-C in the quality report, after the finished target was saved."""
-
-
-def interrupted(run_file):
-    """Ctrl-C: one line on how the run can continue instead of a traceback; exit 130. Whether
-    the run file there is this run's is not known here (an older run's may sit there until
-    this one's first save; --resume refuses it under other flags), so the line says what the
-    run saves, not what it did; with no file there, --resume would find nothing."""
-    if os.path.exists(run_file):
-        print(f"\ninterrupted; this run saves to {run_file} (see --save-minutes), and --resume "
-              f"{run_file} continues from the last save there", file=sys.stderr)
-    else:
-        print(f"\ninterrupted before this run's first save to {run_file} (see --save-minutes), so there is "
-              f"nothing to --resume: the same command starts it again", file=sys.stderr)
-    sys.exit(130)
-
-
-def check_run_flags(path, saved_args, args, flags):
-    """Refuse to resume the run saved in path under other values of the flags that shape it."""
-    diff = [f"--{k.replace('_', '-')} {saved_args.get(k)} (given {getattr(args, k)})"
-            for k in flags if saved_args.get(k) != getattr(args, k)]
-    if diff:
-        raise ValueError(f"{path} is another run; resume it with its own flags, or delete it to start over: "
-                         + ", ".join(diff))
-
-
-def claim_run_file(run_file, args):
-    """Whether run_file is this run's, to write and to remove when done: it is if the run saves
-    one or resumed from it. A fresh run about to replace an unfinished one says so."""
-    resumed_here = args.resume is not None and os.path.abspath(args.resume) == os.path.abspath(run_file)
-    owns_run = args.save_every > 0 or args.save_minutes > 0 or resumed_here
-    if not args.resume and owns_run and os.path.exists(run_file):
-        print(f"NOTE: {run_file} holds an unfinished run, which this new run replaces (--resume {run_file} "
-              f"would continue it instead; --save-every 0 --save-minutes 0 leaves it alone)")
-    return owns_run
+def resume_path(resume, out_path):
+    """--resume FILE is FILE; --resume alone is this run's .run.pt, or its finished checkpoint
+    when there is none (to extend it with a larger --minutes)."""
+    if resume:
+        return resume
+    run = run_path(out_path)
+    return out_path if os.path.exists(out_path) and not os.path.exists(run) else run
 
 
 def main(args):
-    check_args(args, ["batch_size", "eval_every", "eval_batches"] + ["quality_tokens"] * (args.quality_prompts > 0),
+    check_args(args, ["batch_size", "eval_every", "eval_batches"]
+               + ["quality_tokens"] * (args.quality_prompts > 0),
                zero_ok=["mtp_depth", "warmup_steps", "quality_prompts"])
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = get_device(args.device)
-    out_path = out_path_of(args)
+    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
-    print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), {torch.get_num_threads()} threads")
+    print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), "
+          f"{torch.get_num_threads()} threads")
     enc = data.get_encoding()
-    train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
-    run_file = run_path(out_path)
-    owns_run = claim_run_file(run_file, args)
 
-    if args.resume:
-        ck = load_checkpoint(args.resume, kind="target")
-        if ck.get("args"):  # every checkpoint train.py writes has them; a hand-made one cannot be checked
-            check_run_flags(args.resume, ck["args"], args, RUN_FLAGS)
+    ck = None
+    if args.resume is not None:
+        path = resume_path(args.resume, out_path)
+        ck = load_checkpoint(path, kind="target")
+        # the model's shape is the checkpoint's (as nanoGPT forces its model args on resume)
+        for k in ("preset", "mtp_depth"):
+            setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
         cfg = Config(**ck["config"])
-        print(f"resuming from {args.resume} at step {ck['step']}")
+        print(f"resuming {path} at step {ck.get('step', 0)}")
     else:
         cfg = Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
-    seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len  # 0 is refused, not the default
+    seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
     if not 1 <= seq_len <= cfg.max_seq_len:
-        raise ValueError(f"--seq-len {seq_len} is outside the model's context (1..{cfg.max_seq_len})")
+        raise ValueError(f"--seq-len {seq_len} is outside the model's context "
+                         f"(1..{cfg.max_seq_len})")
+    train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
     model = Transformer(cfg).to(device)
-    mtp_mod = None
-    if args.mtp_depth:
-        from mtp import MTP
-        mtp_mod = MTP(cfg, args.mtp_depth).to(device)
+    mtp_mod = MTP(cfg, args.mtp_depth).to(device) if args.mtp_depth else None
     params = list(model.parameters()) + (list(mtp_mod.parameters()) if mtp_mod else [])
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    # weight decay on the matrices only, not on the RMSNorm gains
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2],
+                              "weight_decay": args.weight_decay},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
     step, elapsed = 0, 0.0
-    if args.resume:
+    if ck is not None:
         model.load_state_dict(ck["state_dict"])
         if mtp_mod is not None and ck.get("mtp_state_dict"):
             mtp_mod.load_state_dict(ck["mtp_state_dict"])
         if "optimizer" in ck:
             opt.load_state_dict(ck["optimizer"])
-        else:  # model.py --export drops it (and the batch stream's state)
-            print(f"NOTE: {args.resume} holds no optimizer state (an exported checkpoint): AdamW and the batch "
-                  "stream start afresh, so this continues its weights, not its run")
-        step, elapsed = ck["step"], ck["elapsed"]
-    print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params"
-          + (f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else "")
-          + f", seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
+        else:  # checkpoint.py's export drops it
+            print(f"NOTE: {path} holds no optimizer state (an exported checkpoint): AdamW starts "
+                  "afresh, so this continues its weights, not its run")
+        step, elapsed = ck.get("step", 0), ck.get("elapsed", 0.0)
+    mtp_s = f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else ""
+    print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params{mtp_s}, "
+          f"seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
 
-    gen = torch.Generator().manual_seed(args.seed + step)  # the training batches
-    if args.resume and "batch_rng" in ck:  # the batches the uninterrupted run would have drawn next
-        gen.set_state(ck["batch_rng"])
+    # a resumed run draws other batches than the uninterrupted one would have: no replay
+    gen = torch.Generator().manual_seed(args.seed + step)
     val_gen = torch.Generator().manual_seed(1234)
-    val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device) for _ in range(args.eval_batches)]
-    budget = args.minutes * 60
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device)
+                   for _ in range(args.eval_batches)]
+    budget, run_file = args.minutes * 60, run_path(out_path)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     t_start, tokens_seen, val_loss, bpb = time.time() - elapsed, 0, float("nan"), float("nan")
     t_log = t_saved = time.time()
 
     def save(path):
-        save_checkpoint(path, dict(kind="target", config=cfg.__dict__, state_dict=model.state_dict(),
+        save_checkpoint(path, dict(kind="target", config=cfg.__dict__,
+                                   state_dict=model.state_dict(),
                                    mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                   optimizer=opt.state_dict(), batch_rng=gen.get_state(),
-                                   tokenizer=data.tokenizer_hash(), args=vars(args), step=step,
-                                   elapsed=time.time() - t_start, val_loss=val_loss, bpb=bpb))
+                                   optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
+                                   args=vars(args), step=step, elapsed=time.time() - t_start,
+                                   val_loss=val_loss, bpb=bpb))
     loss = None  # a resumed run with no step left still ends, saves and reports
     model.train()
     while True:
@@ -278,10 +233,10 @@ def main(args):
         lr = lr_at(frac, step, args)
         for group in opt.param_groups:
             group["lr"] = lr
-        xy = get_batch(train_tok, args.batch_size, seq_len, gen, device)
-        with amp:
+        xy = get_batch(train_tok, args.batch_size, seq_len, gen, device)  # (B, T+1)
+        with autocast:
             logits, hidden = model(xy[:, :-1], hidden_layers=(cfg.n_layer,) if mtp_mod else ())
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
             total = loss
             if mtp_mod is not None:
                 mtp_losses = mtp_mod.losses(model, xy, hidden[0])[0]
@@ -296,26 +251,24 @@ def main(args):
             val_loss, bpb = evaluate(model, val_batches, enc)
             eta = eta_s(budget, time.time() - t_start, step, args.max_steps)
             mtp_s = f" | mtp {' '.join(f'{l.item():.2f}' for l in mtp_losses)}" if mtp_mod else ""
-            print(f"step {step:5d} | train {loss.item():.3f} | val {val_loss:.3f} ({bpb:.3f} bpb){mtp_s} | "
-                  f"lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+            print(f"step {step:5d} | train {loss.item():.3f} | val {val_loss:.3f} ({bpb:.3f} bpb)"
+                  f"{mtp_s} | lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | "
+                  f"ETA {eta / 60:.1f} min", flush=True)
             tokens_seen, t_log = 0, time.time()
-        if save_due(args, step, time.time() - t_saved):
+        if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
             save(run_file)
             t_saved = time.time()
     val_loss, bpb = evaluate(model, val_batches, enc)
-    last = "none (no step was left)" if loss is None else f"{loss.item():.3f}"  # a resumed run that had ended
+    last = "none (no step was left)" if loss is None else f"{loss.item():.3f}"
     print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {last} | "
           f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
     save(out_path)  # with the optimizer: --resume can extend a finished run too
-    if owns_run and os.path.exists(run_file):
+    if os.path.exists(run_file):
         os.remove(run_file)  # finished: nothing left to resume
     print(f"saved {out_path}")
-    if args.quality_prompts:
+    if args.quality_prompts:  # after the save: a Ctrl-C here loses only the report
         model.eval()
-        try:
-            q = quality_report(model, args.quality_prompts, args.quality_tokens)
-        except KeyboardInterrupt:  # after the save: "nothing to --resume" would send the user back to the start
-            raise ReportInterrupted(f"{out_path} is saved; only its quality report was cut short") from None
+        q = quality_report(model, args.quality_prompts, args.quality_tokens)
         ck = load_checkpoint(out_path)
         ck["quality"] = q
         save_checkpoint(out_path, ck)
@@ -323,46 +276,42 @@ def main(args):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train the target model (optionally with native MTP heads).",
-                                formatter_class=DefaultsHelp)
+    p = argparse.ArgumentParser(description="Train the target model (optionally with native "
+                                "MTP heads).", formatter_class=DefaultsHelp)
     g = p.add_argument_group("model and output")
-    g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model size (model.py PRESETS)")
-    g.add_argument("--out", default="out", help="output root; the checkpoint goes to OUT/<preset>/target.pt")
-    g.add_argument("--out-path", default=None, help="explicit checkpoint path (e.g. out/cpu/draft.pt)")
-    g.add_argument("--resume", default=None, help="checkpoint to continue, with the flags it was started with: a "
-                   "killed run's OUT/<preset>/target.run.pt (see --save-minutes), or a finished one to extend with a "
-                   "larger --minutes (a larger --max-steps extends only a run that --max-steps ended; the schedule "
-                   "then stretches from where the run is, which is not the run the larger budget would have made); "
-                   "it continues the clock, schedule and batch stream, so with --max-steps (and a --minutes it never "
-                   "reaches) on a CPU a killed run ends bit for bit as it would have")
-    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default: %(default)s)")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default; 1 is faster on a busy machine)")
+    g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model.py's PRESETS")
+    g.add_argument("--out", default="out", help="the checkpoint goes to OUT/<preset>/target.pt")
+    g.add_argument("--out-path", default=None, help="or here (e.g. out/cpu/draft.pt)")
+    g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
+                   help="continue a run: alone, from its .run.pt (or its finished checkpoint, "
+                   "to extend with a larger --minutes); with FILE, from FILE. Weights, "
+                   "optimizer, step and clock continue; the model's shape is the file's")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batches")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
     g = p.add_argument_group("budget and optimisation")
-    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: per preset, "
+    g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: "
                    + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MINUTES.items()) + ")")
-    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = time budget only)")
+    g.add_argument("--max-steps", type=int, default=0,
+                   help="stop after this many steps (0: by the clock only)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step")
-    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's context)")
+    g.add_argument("--seq-len", type=int, default=None, help="default: the preset's context")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    g.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr as a fraction of the peak")
-    g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr (default: %(default)s)")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices (default: %(default)s)")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this (default: %(default)s)")
+    g.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr / peak lr")
+    g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's, on matrices only")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     g = p.add_argument_group("multi-token prediction (mtp.py)")
-    g.add_argument("--mtp-depth", type=int, default=0, help="train D native MTP modules with the target")
-    g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (divided by D)")
-    g = p.add_argument_group("logging and evaluation")
-    g.add_argument("--eval-every", type=int, default=50, help="steps between validation evaluations")
-    g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches per evaluation")
-    g.add_argument("--save-every", type=int, default=500, help="steps between saves of the run in "
-                   "progress to the checkpoint's path with .run.pt, e.g. OUT/<preset>/target.run.pt (0 = by "
-                   "--save-minutes only)")
-    g.add_argument("--save-minutes", type=float, default=SAVE_MINUTES, help="also save the run in progress once "
-                   "this many minutes have passed since its last save, so that a kill loses at most that plus one "
-                   "step (0 = by --save-every only; both 0 = no run file: the finished checkpoint is written at the end)")
-    g.add_argument("--quality-prompts", type=int, default=32, help="held-out prompts for the quality report (0 = skip)")
-    g.add_argument("--quality-tokens", type=int, default=128, help="tokens per continuation in the quality report")
+    g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D) to train")
+    g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (over D)")
+    g = p.add_argument_group("logging, evaluation and saving")
+    g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
+    g.add_argument("--save-minutes", type=float, default=2.0, help="minutes between saves of "
+                   "the run in progress to <checkpoint>.run.pt (0: only the finished one)")
+    g.add_argument("--quality-prompts", type=int, default=32,
+                   help="held-out prompts for the quality report (0: none)")
+    g.add_argument("--quality-tokens", type=int, default=128, help="tokens per continuation")
     return p
 
 
@@ -372,10 +321,5 @@ if __name__ == "__main__":
         args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0)
     try:
         main(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input (device, checkpoint): one line, no traceback
+    except (ValueError, FileNotFoundError) as e:  # bad input (flag, device, checkpoint): one line
         raise SystemExit(f"error: {e}")
-    except ReportInterrupted as e:
-        print(f"\ninterrupted: {e}", file=sys.stderr)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        interrupted(run_path(out_path_of(args)))
