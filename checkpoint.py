@@ -6,7 +6,8 @@ state_dict, args (the trainer's flags), and for a drafter the weights_hash of th
 trained for, so that a drafter is never run against another target. The committed reference
 weights in weights/cpu/ are such checkpoints exported to bf16 without optimizer state.
 
-    python checkpoint.py out/cpu/target.pt weights/cpu/target.pt     # export for weights/
+    python checkpoint.py export out/cpu/target.pt weights/cpu/target.pt   # bf16, for weights/
+    python checkpoint.py hf out/hf        # Hugging Face Qwen3 + z-lab DFlash folders (interop.py)
 
 The methods bench.py and sample.py know, and what each one loads:
     ar      plain decoding, no drafter
@@ -168,7 +169,7 @@ DRAFTER_FLAGS = {
     "--block-size": ("dflash", dict(dest="block_size", type=int, default=None, help="dflash "
                      "block size S (drafts S-1), at most the trained one (default: it, 16)")),
     "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false", help="dflash at "
-                        "T > 0: draft each slot's argmax instead of drawing from its q")),
+                        "T > 0: draft each slot's argmax (default: draw it from its q)")),
     "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None, help="mtp: draft N "
                     "tokens per step, 1..its depth (default: all its modules)")),
     "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0, help="mtp: stop "
@@ -204,15 +205,39 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
     return ckpt
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description="Export a checkpoint (any kind) in bf16 without its "
-                                "optimizer state, as the committed weights/ are.")
-    p.add_argument("src", help="checkpoint to export")
-    p.add_argument("dst", help="where to write it")
-    args = p.parse_args()
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Export checkpoints.")
+    sub = p.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="a checkpoint (any kind) in bf16 without its optimizer "
+                       "state, as the committed weights/ are")
+    e.add_argument("src", help="checkpoint to export")
+    e.add_argument("dst", help="where to write it")
+    h = sub.add_parser("hf", help="a target, its tokenizer and its DFlash drafter as Hugging "
+                       "Face Qwen3 (OUT/target) and z-lab DFlash (OUT/dflash) folders")
+    h.add_argument("out", help="the folder to write")
+    h.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+                   help="target checkpoint (default: the committed one)")
+    h.add_argument("--weights", default=None, help="folder of its dflash.pt (default: the "
+                   "target's)")
+    args = p.parse_args(argv)
     try:
-        data.check_writable(args.dst)
-        export_checkpoint(args.src, args.dst)
+        if args.command == "export":
+            data.check_writable(args.dst)
+            export_checkpoint(args.src, args.dst)
+            print(f"exported {args.src} -> {args.dst} ({os.path.getsize(args.dst) / 1e6:.1f} MB)")
+            return
+        target = load_target(args.target)
+        folder = args.weights or os.path.dirname(args.target)
+        dflash = load_feature_drafter("dflash", target, folder)
+        hf = os.path.join(args.out, "target")
+        interop.save_hf_target(target, hf)
+        interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
+        interop.save_zlab_dflash(dflash, os.path.join(args.out, "dflash"))
+        print(f"wrote {args.out}/target (Qwen3ForCausalLM, tokenizer.json) and {args.out}/dflash "
+              "(DFlashDraftModel)")
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
-    print(f"exported {args.src} -> {args.dst} ({os.path.getsize(args.dst) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,14 +4,13 @@ load into model.py's Transformer and a tiktoken encoding, and a DFlash drafter m
 folder layout, the one vLLM (`"method": "dflash"`) and SGLang (`DFLASH`) load. Our target is a
 Qwen3 already (same blocks, norms, RoPE), so this file is names, shapes and files, no math.
 
-    python interop.py --out out/hf           # the committed target, tokenizer and DFlash drafter
+    python checkpoint.py hf out/hf       # the committed target, tokenizer and DFlash drafter
     python sample.py --target out/hf/target --weights out/hf/dflash --method dflash --check
 
 checkpoint.load_target takes a Hugging Face folder wherever it takes a .pt file, and
 checkpoint.load_drafter("dflash", ...) a z-lab folder.
 """
 
-import argparse
 import json
 import os
 import unicodedata
@@ -278,28 +277,3 @@ def save_zlab_dflash(dflash, folder, dtype=torch.bfloat16):
                           num_target_layers=dflash.cfg.n_layer,
                           dflash_config=dict(target_layer_ids=ids, mask_token_id=dflash.mask_id))
     save_folder(dflash, dflash_names(dflash.n_layer), config, folder, dtype)
-
-
-if __name__ == "__main__":
-    import checkpoint
-    import data
-    p = argparse.ArgumentParser(description="Export a target, its tokenizer and its DFlash "
-                                "drafter as Hugging Face Qwen3 and z-lab DFlash folders.")
-    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint (default: the committed one)")
-    p.add_argument("--weights", default=None, help="folder of its dflash.pt (default: the "
-                   "target's)")
-    p.add_argument("--out", required=True, help="writes OUT/target (Qwen3ForCausalLM and "
-                   "tokenizer.json) and OUT/dflash (DFlashDraftModel)")
-    args = p.parse_args()
-    try:
-        target = checkpoint.load_target(args.target)
-        folder = args.weights or os.path.dirname(args.target)
-        dflash = checkpoint.load_feature_drafter("dflash", target, folder)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
-    save_hf_target(target, os.path.join(args.out, "target"))
-    save_hf_tokenizer(data.get_encoding(), os.path.join(args.out, "target"), data.PAT_STR)
-    save_zlab_dflash(dflash, os.path.join(args.out, "dflash"))
-    print(f"wrote {args.out}/target (Qwen3ForCausalLM, tokenizer.json) and {args.out}/dflash "
-          f"(DFlashDraftModel)")

@@ -1,6 +1,7 @@
 """
 bench.py end to end on tiny random checkpoints (seconds on 2 cores): the JSON schema, ar's
-tau, the greedy lossless check, a well-formed SVG; and the one-line errors for bad input.
+tau, the greedy lossless check, a well-formed SVG; which weights it loads and what it says of a
+drafter it cannot run; and the one-line errors for bad input.
 
     python -m pytest -q tests/test_bench.py
 """
@@ -44,7 +45,7 @@ def prompts_file(tmp_path_factory):
 
 def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
     js, svg = tmp_path / "bench.json", tmp_path / "bench.svg"
-    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,ngram,draft", "--temperatures", "0,1",
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,ngram,draft", "--temperatures", "0,1",
                 "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "1,2",
                 "--json", str(js), "--plot", str(svg)])
     out = capsys.readouterr().out
@@ -90,7 +91,7 @@ def test_smoke_json_and_svg(weights, prompts_file, tmp_path, capsys):
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
     """One row taking the two prompts in turn decodes each as the fixed batches of one do: the
     same tokens (lossless against ar), tau and target passes (a refill is a prefill)."""
-    argv = ["--weights", str(weights), "--preset", "tiny", "--methods", "ar,ngram,draft", "--temperatures", "0",
+    argv = ["--target", str(weights / "target.pt"), "--methods", "ar,ngram,draft", "--temperatures", "0",
             "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"]
     fixed = bench.main(argv)
     cont = bench.main(argv + ["--continuous"])
@@ -102,14 +103,14 @@ def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, c
 
 def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights, monkeypatch, capsys):
     monkeypatch.setattr(data, "heldout_samples", lambda *a, **k: pytest.fail("drew prompts from this machine's corpus"))
-    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                 "--n-prompts", "2", "--max-new-tokens", "4"])
     assert "prompts   2 from held-out prompts (weights/heldout_prompts.jsonl)" in capsys.readouterr().out
 
 
 def test_threads_sets_torchs_thread_count(weights, capsys):
     try:  # the suite runs on one thread (conftest.py); 2 shows that the flag took effect
-        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+        bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                     "--n-prompts", "1", "--max-new-tokens", "2", "--threads", "2"])
         assert torch.get_num_threads() == 2 and ", 2 torch threads" in capsys.readouterr().out
     finally:
@@ -117,13 +118,12 @@ def test_threads_sets_torchs_thread_count(weights, capsys):
 
 
 def test_the_card_and_json_name_the_preset_the_target_was_trained_as(weights, tmp_path, capsys):
-    # --preset picks where bench looks for weights; with --weights DIR it says nothing of the target
-    bench.main(["--weights", str(weights), "--preset", "cpu", "--methods", "ar", "--temperatures", "0",
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                 "--n-prompts", "1", "--max-new-tokens", "2", "--json", str(tmp_path / "b.json")])
     out = capsys.readouterr().out
-    assert "target    preset tiny | " in out and "preset of the target given (--preset cpu unused with --weights)" in out
+    assert "target    preset tiny | " in out
     report = json.loads((tmp_path / "b.json").read_text())
-    assert report["target"]["preset"] == "tiny" and report["config"]["preset"] == "cpu"
+    assert report["target"]["preset"] == "tiny" and "preset" not in report["config"]
 
 
 def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
@@ -133,7 +133,7 @@ def test_bad_prompts_file_names_the_line(weights, tmp_path, capsys):
         if path.name == "empty.txt":
             path.write_text("\n\n")
         with pytest.raises(SystemExit) as e:
-            bench.main(["--weights", str(weights), "--preset", "tiny", "--prompts", str(path)])
+            bench.main(["--target", str(weights / "target.pt"), "--prompts", str(path)])
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert expect in err and err.count("\n") == 1 and "Traceback" not in err
@@ -148,26 +148,18 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     assert e.value.code == 2 and "cuda:99" in capsys.readouterr().err
     # a method asked for by name whose checkpoint is missing is an error, not a silent skip
     with pytest.raises(SystemExit) as e:
-        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,eagle", "--prompts", str(prompts_file)])
-    assert e.value.code == 2 and "eagle" in capsys.readouterr().err
+        bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,eagle", "--prompts", str(prompts_file)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: eagle was asked for in --methods, but ")
+    assert err.endswith(f"; train it: python train_drafter.py --method eagle --target {weights / 'target.pt'} "
+                        f"--out-dir {weights}\n") and err.count("\n") == 1, err
     long = tmp_path / "long.txt"
     long.write_text("def f():\n    pass\n\n" + "x = 1\n" * 300)
     with pytest.raises(SystemExit) as e:
-        bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--prompts", str(long)])
+        bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--prompts", str(long)])
     assert e.value.code == 2 and "prompt 2" in capsys.readouterr().err
 
 
-
-def test_a_drafter_whose_file_is_missing_is_named(weights, prompts_file, monkeypatch, capsys):
-    """A fork without draft_eagle.py: --methods eagle ends in one line naming the file
-    (methods.MODULES maps each feature drafter to its file), before any loading or training."""
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "draft_eagle" else real(name, *a))
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--weights", str(weights), "--methods", "ar,eagle", "--prompts", str(prompts_file)])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "eagle was asked for in --methods, but draft_eagle.py is missing" in err, err
 
 @pytest.mark.parametrize("flags, expect", [
     (["--n-prompts", "0"], "--n-prompts must be >= 1, got 0"),
@@ -181,8 +173,6 @@ def test_a_drafter_whose_file_is_missing_is_named(weights, prompts_file, monkeyp
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
     (["--mtp-margin", "nan"], "--mtp-margin must be >= 0, got nan"),
     (["--methods", ""], "--methods names no method"),
-    (["--weights", "w", "--retrain"], "--weights DIR trains nothing"),
-    (["--target", "t.pt"], "--target names the target for the drafters in --weights DIR"),
     (["--K", "0"], "--K must be >= 1, got 0"),
     (["--threads", "-1"], "--threads must be >= 0, got -1"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
@@ -191,8 +181,8 @@ def test_a_drafter_whose_file_is_missing_is_named(weights, prompts_file, monkeyp
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
     (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers"),
-    (["--methods", "ar,eagle", "--block-size", "8"], "--block-size sets an option of dflash, which --methods leaves out"),
-    (["--methods", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp, which --methods leaves out"),
+    (["--methods", "ar,eagle", "--block-size", "8"], "--block-size sets an option of dflash, which is not being run"),
+    (["--methods", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp, which is not being run"),
     (["--weights", os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")], "--weights names a folder of checkpoints, not a file"),
     (["--batch-size", "11"], "a batch of 11 rows needs at least 11 prompts, and there are 10 (see --n-prompts)"),
     (["--n-prompts", "3", "--batch-sizes", "1,4"], "a batch of 4 rows needs at least 4 prompts, and there are 3")])
@@ -237,7 +227,7 @@ def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_pa
         return n, p[:, -1].argmax(-1)
     monkeypatch.setattr(speculate, "accept_scan", accept_all)
     js = tmp_path / "bench.json"
-    bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,draft", "--temperatures", "0",
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,draft", "--temperatures", "0",
                 "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "2",
                 "--json", str(js)])
     out = capsys.readouterr().out
@@ -321,15 +311,15 @@ def test_tau_standard_error():
 
 
 def test_card_warns_when_the_target_loops(capsys):
-    args = bench.get_parser().parse_args(["--preset", "tiny"])
+    args = bench.get_parser().parse_args(["--weights", "w"])
     for r, warn in ((0.5, True), (bench.REPEAT_WARN + 0.01, True), (bench.REPEAT_WARN, False), (0.05, False)):
-        bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {"ar": None}, {"ar": 0},
+        bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), {"ar": None}, {"ar": 0},
                          "src", 2, {0.0: r})
         out = capsys.readouterr().out
         assert ("WARNING" in out) == warn, r
         assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
         assert ("trust sampled rows (--temperatures 0,1)" in out) == warn  # there are no T=1 rows to trust
-    bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), "t.pt", {"ar": None}, {"ar": 0},
+    bench.print_card(args, torch.device("cpu"), torch.float32, tiny_model(), {"ar": None}, {"ar": 0},
                      "src", 2, {0.0: 0.5, 1.0: 0.0})
     assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
 
@@ -352,7 +342,7 @@ def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
 
 def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_file, tmp_path):
     js = tmp_path / "bench.json"
-    rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar", "--temperatures", "0",
+    rows = bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                        "--prompts", str(prompts_file), "--max-new-tokens", "12", "--batch-size", "2", "--json", str(js)])
     ar = rows[0]
     assert ar["new_tokens"] == 24 and ar["verify_passes"] == 12  # one pass commits a token for both rows
@@ -381,7 +371,7 @@ def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
     save_checkpoint(str(weights / "eagle.pt"), dict(kind="eagle", config=e.config_dict(), state_dict=e.state_dict(),
                                                     target_hash=weights_hash(target.cfg, target.state_dict())))
     try:
-        rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,eagle", "--temperatures", "0",
+        rows = bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,eagle", "--temperatures", "0",
                            "--prompts", str(prompts_file), "--max-new-tokens", "6", "--K", "3"])
     finally:
         os.remove(weights / "eagle.pt")
@@ -389,26 +379,46 @@ def test_eagle_drafts_the_K_it_was_given(weights, prompts_file):
     assert eagle["method"] == "eagle" and eagle["K"] == 3 and len(eagle["acceptance_per_position"]) == 3
 
 
-def test_the_preset_follows_the_device(monkeypatch):
-    seen = {}
+def test_the_default_is_the_committed_target_and_its_drafters(tmp_path, capsys):
+    """No flags: the committed weights/cpu/target.pt, its drafters from its own folder, on
+    whatever device there is (the same weights on either), and nothing trained."""
+    js = tmp_path / "b.json"
+    bench.main(["--methods", "ar,eagle", "--n-prompts", "1", "--max-new-tokens", "2", "--temperatures", "0",
+                "--json", str(js)])
+    report = json.loads(js.read_text())
+    committed = os.path.join(data.WEIGHTS_DIR, "cpu")
+    assert report["target"]["path"] == os.path.join(committed, "target.pt") and report["target"]["preset"] == "cpu"
+    assert report["config"]["weights"] == committed and [r["method"] for r in report["results"]] == ["ar", "eagle"]
+    assert report["machine"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
-    def stop(args, *a):
-        seen["preset"] = args.preset
-        raise SystemExit(0)
-    monkeypatch.setattr(bench.weights, "find_or_train", stop)
-    monkeypatch.setattr(data, "reference_prompts", lambda n: ["def f():"])
-    with pytest.raises(SystemExit):
-        bench.main(["--device", "cpu", "--methods", "ar"])
-    assert seen["preset"] == "cpu"
 
-
-def test_weights_dir_without_a_target_is_one_line(tmp_path, capsys):
-    for argv in (["--weights", str(tmp_path)], ["--weights", str(tmp_path), "--target", str(tmp_path / "t.pt")]):
+def test_a_target_that_does_not_load_is_one_line(tmp_path, capsys):
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    for target, expect in ((tmp_path / "t.pt", "no such checkpoint"), (tmp_path / "junk.pt", "not a readable")):
         with pytest.raises(SystemExit) as e:
-            bench.main(argv + ["--preset", "tiny", "--methods", "ar"])
+            bench.main(["--target", str(target), "--methods", "ar"])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and "no such checkpoint" in err and err.count("\n") == 1 and "Traceback" not in err
-        assert ("--target FILE names a target kept elsewhere" in err) == ("--target" not in argv)  # a hint where it helps
+        assert e.value.code == 2 and expect in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_drafter_that_cannot_run_is_skipped_with_the_command_that_trains_it(weights, tmp_path, capsys):
+    """Missing (draft, mtp, dflash) or trained for another target (eagle): each is skipped in one
+    line that ends in the command training it for this target into --weights; the rest runs."""
+    w = tmp_path / "w"
+    save_checkpoint(str(w / "eagle.pt"), dict(kind="eagle", config={}, state_dict={}, target_hash="0123abcd"))
+    t = str(weights / "target.pt")
+    rows = bench.main(["--target", t, "--weights", str(w), "--n-prompts", "1", "--max-new-tokens", "2",
+                       "--temperatures", "0"])
+    assert [r["method"] for r in rows] == ["ar", "ngram"]
+    out = capsys.readouterr().out
+    assert f"skipping draft: {w / 'draft.pt'}: no such checkpoint; train it: python train.py --preset cpu-draft " \
+           f"--out-path {w}/draft.pt\n" in out, out
+    for m in ("mtp", "dflash"):
+        assert f"skipping {m}: {w / (m + '.pt')}: no such checkpoint; train it: python train_drafter.py --method {m} " \
+               f"--target {t} --out-dir {w}\n" in out
+    eagle = next(l for l in out.splitlines() if l.startswith("skipping eagle: "))
+    assert "trained for target 0123abcd, not this one" in eagle and "retrain it" not in eagle
+    assert eagle.endswith(f"; train it: python train_drafter.py --method eagle --target {t} --out-dir {w}")
 
 
 def test_bfloat16_needs_cuda(capsys):
@@ -421,7 +431,7 @@ def test_sweep_speedup_is_against_ar_at_the_same_batch_size(tmp_path):
     w = tmp_path / "w"
     save_tiny(w / "target.pt")
     (tmp_path / "p.txt").write_text("def f():\n\nclass A:\n")
-    bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar,ngram", "--temperatures", "0", "--prompts",
+    bench.main(["--target", str(w / "target.pt"), "--methods", "ar,ngram", "--temperatures", "0", "--prompts",
                 str(tmp_path / "p.txt"), "--max-new-tokens", "6", "--batch-sizes", "2", "--json", str(tmp_path / "b.json")])
     sweep = json.loads((tmp_path / "b.json").read_text())["batch_sweep"]
     assert [s["speedup"] for s in sweep if s["method"] == "ar"] == [1.0]
@@ -434,11 +444,11 @@ def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
     (tmp_path / "p.txt").write_text(text)
     n = len(data.get_encoding().encode_ordinary(data.read_prompts_file(tmp_path / "p.txt")[0]))
     with pytest.raises(SystemExit):  # n + max_new + 0 drafts + 1 = 257 > 256
-        bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar", "--prompts", str(tmp_path / "p.txt"),
+        bench.main(["--target", str(w / "target.pt"), "--methods", "ar", "--prompts", str(tmp_path / "p.txt"),
                     "--max-new-tokens", str(256 - n)])
     assert "prompt 1 of" in capsys.readouterr().err
     # one token fewer fits exactly: ar drafts nothing (K = 0), so it needs no headroom beyond its 1
-    rows = bench.main(["--weights", str(w), "--preset", "tiny", "--methods", "ar", "--temperatures", "0", "--prompts",
+    rows = bench.main(["--target", str(w / "target.pt"), "--methods", "ar", "--temperatures", "0", "--prompts",
                        str(tmp_path / "p.txt"), "--max-new-tokens", str(255 - n)])
     assert rows[0]["K"] == 0 and rows[0]["new_tokens"] == 255 - n
 
@@ -524,7 +534,7 @@ def test_acceptance_line_bars_and_E(capsys):
 def test_first_difference_gaps_only_for_greedy_rows(weights, prompts_file, capsys):
     """Sampled rows differ from ar's by design: no gaps for them and no "T=0 ... differs" NOTE,
     which would send the reader after a bug that is not there."""
-    rows = bench.main(["--weights", str(weights), "--preset", "tiny", "--methods", "ar,draft", "--temperatures", "1",
+    rows = bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,draft", "--temperatures", "1",
                        "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"])
     out = capsys.readouterr().out
     assert all(r["first_difference_gaps"] == [] for r in rows) and "NOTE" not in out
@@ -532,16 +542,16 @@ def test_first_difference_gaps_only_for_greedy_rows(weights, prompts_file, capsy
 
 
 def test_ctrl_c_is_one_line_on_what_was_kept(monkeypatch, run_script):
-    """Ctrl-C anywhere in bench (here while it looks for weights, where it trains what is
-    missing): exit 130 and one line, no KeyboardInterrupt traceback."""
+    """Ctrl-C anywhere in bench (here while it loads the target): exit 130 and one line, no
+    KeyboardInterrupt traceback."""
     def interrupt(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr("weights.find_or_train", interrupt)
+    monkeypatch.setattr("checkpoint.load_target", interrupt)
     try:
         rc, out, err = run_script("bench.py", "--methods", "ar", "--n-prompts", "1")
     except KeyboardInterrupt:  # escaping, it would stop the whole test run
         pytest.fail("Ctrl-C escaped bench.py's __main__: a traceback")
-    assert rc == 130 and "nothing half-written was left behind" in err and "continues any training" in err, err
+    assert rc == 130 and err == "\ninterrupted: nothing half-written was left behind\n", err
 
 
 def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypatch):
@@ -567,7 +577,7 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypat
     # any other fault of the drafter is not the flag's: no hint to a flag that was not given
     def broken(*a, **k):
         raise ValueError("a fault of its own")
-    monkeypatch.setattr("draft_diffusion.load_drafter", broken)
+    monkeypatch.setattr("checkpoint.DFlashDrafter", broken)
     with pytest.raises(SystemExit) as e:
         run()
     err = capsys.readouterr().err
@@ -578,6 +588,7 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypat
     results = bench.main(["--target", str(tmp_path / "target.pt"), "--weights", str(tmp_path), "--n-prompts", "1",
                           "--max-new-tokens", "8", "--temperatures", "0"])
     out = capsys.readouterr().out
-    assert "skipping draft: cannot load it (ValueError: " in out and "not a readable checkpoint" in out, out
+    assert f"skipping draft: {tmp_path / 'draft.pt'}: not a readable checkpoint" in out, out
+    assert "; train it: python train.py --preset cpu-draft" in out
     assert "skipping dflash: cannot load it (ValueError: a fault of its own)" in out
     assert [r["method"] for r in results] == ["ar", "ngram"]

@@ -1,13 +1,11 @@
 """Target model and KV cache: cached decoding must equal the naive full recompute."""
 import math
-import os
-from dataclasses import replace
 
 import torch
 import pytest
 
 from model import Config, PRESETS, Transformer, apply_rope, generate, rope_table
-from checkpoint import get_device, save_checkpoint, load_checkpoint, weights_hash
+from checkpoint import save_checkpoint
 
 
 def tiny_model(seed=0, vocab=97):
@@ -177,40 +175,6 @@ def test_draw_takes_each_token_at_its_probability_and_never_a_zero_one(monkeypat
     assert draw(tiny[None]).tolist() == [1]
 
 
-def test_checkpoint_errors(tmp_path):
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(ValueError, match="bad.pt"):
-        load_checkpoint(str(bad))
-    (tmp_path / "empty.pt").touch()  # torch.load's error for an empty file has no message
-    with pytest.raises(ValueError, match="empty.pt: not a readable checkpoint"):
-        load_checkpoint(str(tmp_path / "empty.pt"))
-    (tmp_path / "lfs.pt").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
-    with pytest.raises(ValueError, match="lfs.pt: .*git-lfs pointer"):  # not torch's weights_only advice
-        load_checkpoint(str(tmp_path / "lfs.pt"))
-    with pytest.raises(FileNotFoundError):
-        load_checkpoint(str(tmp_path / "missing.pt"))
-    other = tmp_path / "other.pt"
-    save_checkpoint(str(other), {"foo": 1})
-    with pytest.raises(ValueError, match="not a checkpoint of this project"):
-        load_checkpoint(str(other))
-    save_checkpoint(str(other), {"state_dict": {}})  # weights without their config cannot be rebuilt
-    with pytest.raises(ValueError, match="not a checkpoint of this project"):
-        load_checkpoint(str(other))
-
-
-def test_weights_hash_survives_bf16_and_sees_changes():
-    m = tiny_model()
-    sd = m.state_dict()
-    h = weights_hash(m.cfg, sd)
-    assert h == weights_hash(m.cfg, {k: v.bfloat16() for k, v in sd.items()})
-    assert h == weights_hash(m.cfg, dict(reversed(sd.items())))  # the order of a file's keys does not matter
-    sd2 = dict(sd)
-    sd2["head.weight"] = sd["head.weight"] + 0.1
-    assert h != weights_hash(m.cfg, sd2)
-    assert h != weights_hash(replace(m.cfg, rope_theta=500.0), sd)  # the same weights under another config
-
-
 def test_rope_tables_stay_float32_in_bfloat16():
     """model.to(bfloat16) must not round the RoPE tables (cuda.kv_inject takes them in float32);
     a bf16 forward still runs and rotates in float32."""
@@ -221,42 +185,6 @@ def test_rope_tables_stay_float32_in_bfloat16():
     logits = m(torch.tensor([[1, 2, 3]]))[0]
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
     assert torch.equal(m.float().rope_cos, cos)  # and back
-
-
-def test_get_device_refuses_what_this_machine_cannot_run():
-    assert get_device("cpu") == torch.device("cpu")
-    assert get_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
-    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
-        get_device("gpu0")
-    with pytest.raises(ValueError, match="cuda:99"):  # no machine of ours has 100 GPUs
-        get_device("cuda:99")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="no CUDA device visible"):
-            get_device("cuda")
-
-
-def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
-    from checkpoint import export_checkpoint
-    save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict={"w": torch.ones(2)},
-                                                 mtp_state_dict={"m": torch.ones(2)},
-                                                 optimizer={"state": {0: torch.ones(3)}},
-                                                 batch_rng=torch.Generator().get_state()))
-    export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
-    ck = load_checkpoint(str(tmp_path / "b.pt"))
-    assert not {"optimizer", "batch_rng"} & set(ck) and ck["state_dict"]["w"].dtype == torch.bfloat16
-    assert ck["mtp_state_dict"]["m"].dtype == torch.bfloat16  # a target's native MTP heads shrink too
-    with pytest.raises(ValueError, match="a.pt is the checkpoint being exported"):  # it dropped a run's state
-        export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "." / "a.pt"))
-    assert "optimizer" in load_checkpoint(str(tmp_path / "a.pt"))
-
-
-def test_get_device_refuses_an_index_past_the_last_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert get_device("cuda:0") == torch.device("cuda:0")
-    assert get_device("cuda") == torch.device("cuda")  # no index (None) means device 0
-    with pytest.raises(ValueError, match="only 1 CUDA device"):
-        get_device("cuda:1")
 
 
 def test_a_full_context_forward_without_a_cache():
@@ -292,63 +220,6 @@ def test_naive_generate_refuses_a_negative_temperature():
 def test_draft_presets_share_their_targets_context():
     for small, big in (("cpu-draft", "cpu"), ("gpu-draft", "gpu")):
         assert PRESETS[small]["max_seq_len"] == PRESETS[big]["max_seq_len"]
-
-
-def test_load_target_takes_the_dtype_and_keeps_rope_in_float32(tmp_path):
-    from checkpoint import load_target
-    save_tiny(tmp_path / "t.pt")
-    m = load_target(str(tmp_path / "t.pt"), dtype=torch.bfloat16)
-    assert m.head.weight.dtype == torch.bfloat16 and m.rope_cos.dtype == torch.float32
-
-
-class Payload:
-    def __reduce__(self):
-        return (print, ("PAYLOAD RAN",))
-
-
-def test_load_checkpoint_never_runs_pickled_code(tmp_path, capsys):
-    torch.save(dict(kind="target", config={}, state_dict={}, x=Payload()), tmp_path / "evil.pt")
-    with pytest.raises(ValueError, match="evil.pt: not a readable checkpoint"):
-        load_checkpoint(str(tmp_path / "evil.pt"))
-    assert "PAYLOAD RAN" not in capsys.readouterr().out
-
-
-def test_a_checkpoint_without_a_kind_is_no_target(tmp_path):
-    save_checkpoint(str(tmp_path / "k.pt"), dict(config={}, state_dict={}))
-    with pytest.raises(ValueError, match="is a None checkpoint, expected 'target'"):
-        load_checkpoint(str(tmp_path / "k.pt"), kind="target")
-
-
-def test_help_shows_each_default_once():
-    """DefaultsHelp appends "(default: X)" unless the text already speaks of a default or there
-    is none to show (None, a store_true flag)."""
-    import argparse
-    from data import DefaultsHelp
-    p = argparse.ArgumentParser(formatter_class=DefaultsHelp)
-    p.add_argument("--steps", type=int, default=16, help="how many")
-    p.add_argument("--lr", type=float, default=None, help="rate (default: per method)")
-    p.add_argument("--name", default="x", help="a name (default %(default)s)")
-    p.add_argument("--fast", action="store_true", help="go fast")
-    p.add_argument("--device", default=None, help="where")
-    text = " ".join(p.format_help().split())
-    assert "how many (default: 16)" in text and "rate (default: per method) " in text
-    assert "a name (default x) " in text and "go fast " in text and "where" in text
-    assert text.count("default") == 3
-
-
-def test_check_writable_refuses_a_folder_path_and_an_unwritable_folder(tmp_path, monkeypatch):
-    """Refused before a run, not at its save: a path that names a folder, existing or not
-    ("new/": save_checkpoint's torch.save then fails on the file name new/.tmp), and a
-    path whose nearest existing folder is not writable (faked: as root every folder is)."""
-    from data import check_writable
-    check_writable(str(tmp_path / "new" / "deeper" / "t.pt"))  # missing folders are created at the save
-    for folder in (str(tmp_path), str(tmp_path / "new") + os.sep):
-        with pytest.raises(ValueError, match="is a folder"):
-            check_writable(folder)
-    for lacking in (os.W_OK, os.X_OK):  # a folder one can write but not enter holds no file either
-        monkeypatch.setattr(os, "access", lambda path, mode: not mode & lacking)
-        with pytest.raises(ValueError, match="is not writable"):
-            check_writable(str(tmp_path / "new" / "t.pt"))
 
 
 def test_residual_output_projections_start_scaled_down_by_depth():
