@@ -34,7 +34,7 @@ from xml.sax.saxutils import escape
 import torch
 
 import data
-import kernels
+import dflash_kernels as kernels
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
                         load_target)
 from data import check_writable

@@ -21,9 +21,9 @@ layers; c was RMS-normed once, by ctx_norm, and enters every layer as it is.)
 
 The context gets no queries, MLP or residual: it only supplies keys and values, so its
 per-layer K/V can be cached and extended by the newly fed positions (the old pending token and
-the accepted drafts) after every verify (the KV-injection op, cuda.kv_inject, one launch for
-all layers). The drafter has no embedding or head of its own: it uses the target's, frozen
-(the <|mask|> row stays untrained).
+the accepted drafts) after every verify (the KV-injection op, kv_inject below: one launch for
+all layers with the CUDA extension). The drafter has no embedding or head of its own: it uses
+the target's, frozen (the <|mask|> row stays untrained).
 
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
 continuations, sample many anchors a per sequence (with --continuation-only from the prompt's
@@ -47,6 +47,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import dflash_kernels as kernels
 from model import Block, RMSNorm, apply_rope, draw, logits_to_probs
 
 # loss decay per block size S (paper); train_drafter's recipe passes 4 at every block size
@@ -65,17 +66,22 @@ def feature_layers(n_layer, n_features):
 
 class DFlash(nn.Module):
 
-    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, gamma=None, mask_id=None):
+    def __init__(self, cfg, n_layer=2, n_features=5, block_size=16, anchors=8, gamma=None,
+                 mask_id=None, hidden_layers=None, layer_cfg=None):
+        """cfg is the target's; the drafter's own layers are of the target's shape unless
+        layer_cfg says otherwise (a z-lab drafter's may have another MLP width, interop.py)."""
         super().__init__()
         self.cfg, self.block_size, self.n_anchors = cfg, block_size, anchors  # anchors per sequence
         self.gamma = gamma or GAMMA.get(block_size, 7.0)  # loss decay along the block
-        self.n_layer, self.n_features = n_layer, n_features  # the drafter's own layers (cfg.n_layer: the target's)
-        self.hidden_layers = feature_layers(cfg.n_layer, n_features)
-        self.mask_id = cfg.vocab_size - 1 if mask_id is None else mask_id  # <|mask|> is the last id
+        self.n_layer = n_layer  # the drafter's own layers (cfg.n_layer: the target's)
+        self.hidden_layers = tuple(hidden_layers or feature_layers(cfg.n_layer, n_features))
+        self.n_features = len(self.hidden_layers)
+        self.mask_id = cfg.vocab_size - 1 if mask_id is None else mask_id  # <|mask|>: the last id
+        self.layer_cfg = lc = layer_cfg or cfg
         self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)
-        self.ctx_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.layers = nn.ModuleList([Block(cfg) for _ in range(n_layer)])
-        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.ctx_norm = RMSNorm(cfg.n_embd, lc.norm_eps)
+        self.layers = nn.ModuleList([Block(lc) for _ in range(n_layer)])
+        self.norm = RMSNorm(cfg.n_embd, lc.norm_eps)
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
@@ -83,7 +89,8 @@ class DFlash(nn.Module):
 
     def config_dict(self):
         return dict(n_layer=self.n_layer, n_features=self.n_features, block_size=self.block_size,
-                    anchors=self.n_anchors, gamma=self.gamma, mask_id=self.mask_id)
+                    anchors=self.n_anchors, gamma=self.gamma, mask_id=self.mask_id,
+                    hidden_layers=list(self.hidden_layers))
 
     def context(self, feats):
         """Target features (B, T, n*C) -> context features c (B, T, C)."""
@@ -91,7 +98,7 @@ class DFlash(nn.Module):
 
     def context_kv(self, c):
         """Per-layer context keys/values, k normed but NOT rotated: (L, B, T, H, D) each.
-        This is what cuda.kv_inject writes (rotating k at the absolute positions)."""
+        This is what kv_inject writes (rotating k at the absolute positions)."""
         B, T, _ = c.shape
         ks, vs = [], []
         for layer in self.layers:
@@ -185,6 +192,42 @@ class DFlash(nn.Module):
 # -----------------------------------------------------------------------------
 # inference
 
+def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
+    """Write each row's new context K/V into the cache at its own offset, RoPE on K at the
+    absolute positions, for all layers at once, in place (the math: dflash_kernels/kv_inject.cu).
+    cache_k, cache_v (L, B, H, T_max, D); new_k, new_v (L, B, T_new, H, D), k not yet rotated;
+    offsets, counts (B,) int64: row b writes its first counts[b] tokens from slot offsets[b];
+    cos, sin (P, D/2) float32. RoPE in float32 (apply_rope's math), rounded once to the cache
+    dtype, as the kernel does. NOTE: checks offsets/counts on the host, which syncs when they
+    live on a GPU; the kernel checks them on the device instead."""
+    L, B, H, T_max, D = cache_k.shape
+    T_new = new_k.shape[2]
+    room = min(T_max, cos.shape[0]) - counts  # not offsets + counts: a huge offset must not wrap
+    if not (bool(((counts >= 0) & (counts <= T_new)).all())
+            and bool(((offsets >= 0) & (offsets <= room)).all())):
+        raise ValueError(f"kv_inject_ref: offsets + counts must lie within T_max = {T_max} and "
+                         f"the RoPE tables (P = {cos.shape[0]}), counts within [0, {T_new}]")
+    t = torch.arange(T_new, device=offsets.device)
+    valid = t[None, :] < counts[:, None]                              # (B, T_new) real tokens
+    pos = (offsets[:, None] + t[None, :]).clamp(max=cos.shape[0] - 1)  # (B, T_new) absolute
+    cs, sn = cos[pos][:, None], sin[pos][:, None]                     # (B, 1, T_new, D/2)
+    k = apply_rope(new_k.transpose(2, 3), cs, sn)                     # (L, B, H, T_new, D)
+    v = new_v.transpose(2, 3)                                         # (L, B, H, T_new, D)
+    b_idx, t_idx = valid.nonzero(as_tuple=True)                       # the (b, t) to write
+    p_idx = pos[b_idx, t_idx]
+    cache_k[:, b_idx, :, p_idx] = k[:, b_idx, :, t_idx]               # (n, L, H, D) both sides
+    cache_v[:, b_idx, :, p_idx] = v[:, b_idx, :, t_idx]
+
+
+def kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
+    """The fused kernel where the CUDA extension serves the cache (a GPU, a dtype it takes),
+    else kv_inject_ref; the same arguments, in place."""
+    if kernels.available(cache_k.device) and cache_k.dtype in kernels.KV_DTYPES:
+        kernels.kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
+    else:
+        kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
+
+
 class DFlashDrafter:
     """The drafter interface of speculate.py. Its state is the per-layer cache of context K/V
     for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's).
@@ -215,16 +258,15 @@ class DFlashDrafter:
     def update(self, tokens, n, feats, n_new):
         """Project the newly fed positions' features and inject them into every layer's
         context cache at each row's own offset (RoPE applied at the absolute positions)."""
-        import cuda
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
-        cuda.kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos, self.target.rope_sin)
+        kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos,
+                  self.target.rope_sin)
         self.ctx_len = self.ctx_len + n_new
 
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
         """Row b's context cache restarts with the new prompt's features (one kv_inject that
         writes row b only: the other rows get zero new positions)."""
-        import cuda
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, fed, H, D)
         fed = k.shape[2]
         new_k = k.new_zeros(k.shape[0], len(n), *k.shape[2:])      # (L, B, fed, H, D), row b only
@@ -233,7 +275,8 @@ class DFlashDrafter:
         counts = torch.zeros_like(self.ctx_len)
         counts[b] = fed
         self.ctx_len[b] = 0
-        cuda.kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos, self.target.rope_sin)
+        kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos,
+                  self.target.rope_sin)
         self.ctx_len[b] = fed
 
     @torch.no_grad()

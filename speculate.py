@@ -41,7 +41,7 @@ import time
 import torch
 from torch.nn.attention import sdpa_kernel
 
-import kernels
+import dflash_kernels as kernels
 from checks import check_inputs, check_proposal
 from model import DECODING_ATTENTION, draw, logits_to_probs
 
@@ -110,7 +110,7 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
-    """The fused kernel (kernels/accept_scan.cu) where the extension serves p's device (a GPU),
+    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device (a GPU),
     else the reference above. Same arguments, same results."""
     if kernels.available(p.device):
         return kernels.accept_scan(p, drafts, q, uniforms)

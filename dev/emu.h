@@ -1,9 +1,8 @@
-// emu.h: run the kernels of kv_inject.cu and accept_scan.cu on the CPU, so that their logic is
-// tested on machines without a GPU (CI; most sessions of this project). Used by cuda.load_emu,
-// `python -m cuda --emu` and tests/test_cuda.py; by the engine only where DFLASH_CUDA_EXT=emu
-// forces it (the tests).
+// emu.h: run the kernels of dflash_kernels/kv_inject.cu and dflash_kernels/accept_scan.cu on the CPU, so that
+// their logic is tested on machines without a GPU (CI; most of this project's machines). Used
+// by dev/emu.py (`python dev/emu.py`, its --run) and tests/test_kernels.py; never by the engine.
 //
-// cuda.load_emu compiles each .cu with g++ as C++ after two textual edits: `#include
+// dev/emu.py compiles each .cu with g++ as C++ after two textual edits: `#include
 // <c10/cuda/...>` lines are dropped (this file stands in for them) and every launch
 // `kernel<<<grid, block, shmem, stream>>>(args)` becomes `emu::Launch(grid, block, shmem,
 // stream).run(kernel, args)`. The kernel bodies compile unchanged.
@@ -102,7 +101,13 @@ inline void fiber_main() {
 
 inline void device_assert(const char* cond, const char* file, int line) {
   if (assert_message.empty())
-    assert_message = std::string(file) + ":" + std::to_string(line) + ": device-side assert failed: " + cond;
+    assert_message = std::string(file) + ":" + std::to_string(line) +
+                     ": device-side assert failed: " + cond;
+}
+
+// "emu: block (x, y)", the start of every error about the running block
+inline std::string in_block() {
+  return "emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) + ")";
 }
 
 inline void resume(int t) {
@@ -117,9 +122,9 @@ inline bool release_warp(int w) {
     lanes += fibers[t].state != EXITED, at_warp += fibers[t].state == AT_WARP_SYNC;
   if (at_warp == 0 || at_warp != lanes) return false;
   if (lanes < 32)  // the kernels shuffle with the full mask: every lane must take part
-    throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
-                             "), warp " + std::to_string(w) + ": a full-mask shuffle after " +
-                             std::to_string(32 - lanes) + " of its lanes returned (undefined on a GPU)");
+    throw std::runtime_error(in_block() + ", warp " + std::to_string(w) +
+                             ": a full-mask shuffle after " + std::to_string(32 - lanes) +
+                             " of its lanes returned (undefined on a GPU)");
   for (int t = 32 * w; t < 32 * w + 32; t++)
     if (fibers[t].state == AT_WARP_SYNC) fibers[t].state = RUNNING;
   return true;
@@ -144,7 +149,8 @@ inline Order schedule() {
   if (v.empty() || v == "in_order") return IN_ORDER;
   if (v == "eager") return EAGER;
   if (v == "eager_forward") return EAGER_FORWARD;
-  throw std::runtime_error("emu: unknown DFLASH_EMU_SCHEDULE=" + v + " (in_order, eager or eager_forward)");
+  throw std::runtime_error("emu: unknown DFLASH_EMU_SCHEDULE=" + v +
+                           " (in_order, eager or eager_forward)");
 }
 
 // one block: resume the runnable fibers in turn; once none is, release a barrier that all its
@@ -165,27 +171,30 @@ inline void run_block(int n, Order order) {
       if (fibers[t].state != RUNNING) continue;
       resume(t);
       const int w = t / 32;
-      while (order != IN_ORDER && release_warp(w))  // all its live lanes wait at a shuffle: run them on now
+      // all its live lanes wait at a shuffle: run them on now
+      while (order != IN_ORDER && release_warp(w))
         for (int l = 32 * w; l < 32 * w + 32; l++)
           if (fibers[l].state == RUNNING) resume(l);
     }
     int live = 0, at_sync = 0;
     bool released = false;
     for (int w = 0; w < n / 32; w++) released |= release_warp(w);
-    for (int t = 0; t < n; t++) live += fibers[t].state != EXITED, at_sync += fibers[t].state == AT_SYNCTHREADS;
+    for (int t = 0; t < n; t++)
+      live += fibers[t].state != EXITED, at_sync += fibers[t].state == AT_SYNCTHREADS;
     if (live == 0) return;
     if (released) continue;
     if (at_sync != live)
-      throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
-                               ") can never finish: " + std::to_string(at_sync) + " of " + std::to_string(live) +
-                               " live threads wait at __syncthreads, the rest at a warp shuffle (divergent barrier)");
+      throw std::runtime_error(in_block() + " can never finish: " + std::to_string(at_sync) +
+                               " of " + std::to_string(live) + " live threads wait at " +
+                               "__syncthreads, the rest at a warp shuffle (divergent barrier)");
     int line = -1;  // every live thread waits at a __syncthreads: at one and the same?
     for (int t = 0; t < n; t++)
       if (fibers[t].state == AT_SYNCTHREADS && line != fibers[t].line) {
         if (line >= 0)
-          throw std::runtime_error("emu: block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) +
-                                   "): threads wait at two different __syncthreads, lines " + std::to_string(line) +
-                                   " and " + std::to_string(fibers[t].line) + " (a barrier in divergent code)");
+          throw std::runtime_error(in_block() + ": threads wait at two different __syncthreads, " +
+                                   "lines " + std::to_string(line) + " and " +
+                                   std::to_string(fibers[t].line) +
+                                   " (a barrier in divergent code)");
         line = fibers[t].line;
       }
     for (int t = 0; t < n; t++)
@@ -201,9 +210,11 @@ struct Launch {
   template <typename Kernel, typename... Args>
   void run(Kernel kernel, Args... args) {
     if (block.y != 1 || block.z != 1 || block.x % 32 != 0 || block.x > 1024 || grid.z != 1)
-      throw std::runtime_error("emu: only 1-D blocks of a multiple of 32 threads and 2-D grids are emulated");
+      throw std::runtime_error("emu: only 1-D blocks of a multiple of 32 threads and 2-D grids "
+                               "are emulated");
     if (grid.x == 0 || grid.y == 0)  // the launchers must skip an empty launch themselves
-      throw std::runtime_error("emu: a launch with no blocks (a GPU refuses it: invalid configuration argument)");
+      throw std::runtime_error("emu: a launch with no blocks (a GPU refuses it: invalid "
+                               "configuration argument)");
     const int n = block.x;
     block_dim = block, grid_dim = grid;
     assert_message.clear();

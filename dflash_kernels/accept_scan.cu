@@ -2,7 +2,7 @@
 // 2023, arXiv 2211.17192; p = target, q = draft) in one launch instead of several
 // vocabulary-sized PyTorch passes. Same semantics as speculate.accept_scan_ref.
 //
-// shapes: p        (B, K+1, V)  greedy: raw logits (float64/32/16, bfloat16); sampling: warped probs
+// shapes: p        (B, K+1, V)  greedy: raw logits (float64/32/16, bfloat16); sampling: probs
 //         drafts   (B, K) int64 d_1..d_K; negative = an empty slot (speculate.NO_DRAFT)
 //         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
 //         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
@@ -25,11 +25,10 @@
 // reassociation inside a tile (~1e-16 relative). They can round to a different float32 only
 // when a prefix sits within ~1e-16 of a float32 rounding boundary, and that only matters when
 // u * total lands between the two candidates: rare, but not impossible. Measured under
-// cuda/emu.h, which adds in this kernel's order: 0 of 19,200 draws from unquantized softmax
+// dev/emu.h, which adds in this kernel's order: 0 of 19,200 draws from unquantized softmax
 // rows (V = 4099, sample_q and argmax drafts) differed from the CPU reference.
 // The tests make it impossible: their probabilities are multiples of 2^-16, so every partial
-// sum is exact in float32 and all orders agree bit for bit. The host path (ext.cpp) is
-// sequential like torch's and exact on any input.
+// sum is exact in float32 and all orders agree bit for bit.
 // On GPU tensors the reference itself differs again: torch.cumsum on CUDA scans in float32, in
 // parallel. All three are the same sampler up to float rounding; bit-equality is promised
 // against the CPU reference.
@@ -40,18 +39,20 @@
 //            runs the K ratio tests, then the block makes the residual's total, then scans the
 //            residual tile by tile and stops at the tile that crosses u * total. Sampling's
 //            kernel; for greedy, only the faster at K = 1 (below).
-//   kernel2  greedy only: one block per (position, row), so B = 1 runs K + 1 blocks, not one; every
-//            block writes its argmax to a workspace, and the last block of a row (a ticket
+//   kernel2  greedy only: one block per (position, row), so B = 1 runs K + 1 blocks, not one;
+//            every block writes its argmax to a workspace, and the last block of a row (a ticket
 //            counter, threadfence pattern) does the scan. Reads all K+1 positions. Sampling
 //            has one kernel (only the emitted row is vocabulary-sized); version 2 runs kernel1.
-//            Default (cuda.DEFAULT_VERSION). Measured on an H200 (`python -m cuda`, float32 logits,
-//            ms kernel1 / kernel2): B x K x V = 1x15x4099 0.057 / 0.037, 32x15x4099 0.054 / 0.030,
-//            1x15x151936 0.632 / 0.087 (one block reading 16 rows of 152k one after another),
-//            32x15x151936 1.99 / 0.17; at K = 1 kernel1 wins, 1x1x97 0.015 / 0.034 and
-//            3x1x4099 0.016 / 0.026, the ticket's cost. Drafters run K = 3 to 15.
+//            Default (kernels.DEFAULT_VERSION). Measured on an H200 (`python -m dflash_kernels`,
+//            float32 logits, ms kernel1 / kernel2): B x K x V = 1x15x4099 0.057 / 0.037,
+//            32x15x4099 0.054 / 0.030, 1x15x151936 0.632 / 0.087 (one block reading 16 rows
+//            of 152k one after another), 32x15x151936 1.99 / 0.17; at K = 1 kernel1 wins,
+//            1x1x97 0.015 / 0.034 and 3x1x4099 0.016 / 0.026, the ticket's cost. Drafters run
+//            K = 3 to 15.
 //
-// Self-check (validates every version against the reference, then times): python -m cuda --op accept_scan
-// Compile check only: nvcc -arch=sm_90 -c cuda/accept_scan.cu (see cuda.nvcc_check)
+// Self-check (validates every version against the reference, then times):
+//   python -m dflash_kernels --op accept_scan
+// Compile check only: nvcc -arch=sm_90 -c dflash_kernels/accept_scan.cu (python dev/nvcc_check.py)
 
 // Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
 // tensors are unpacked and checked in ext.cpp, which passes raw pointers and workspaces.
@@ -148,20 +149,23 @@ __device__ double block_inclusive_scan(double x, double* total) {
 
 // greedy, one block per row, early exit at the first mismatch
 template <typename scalar_t>
-__global__ void accept_greedy_kernel1(const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
-                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
+__global__ void accept_greedy_kernel1(const scalar_t* __restrict__ p,
+                                      const int64_t* __restrict__ drafts,
+                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
+                                      int K, int64_t V) {
   const int64_t b = blockIdx.x;
   for (int i = 0; i <= K; i++) {
-    const int64_t best = block_argmax(p + (b * (K + 1) + i) * V, V);  // the same value in every thread
-    if (i < K && drafts[b * K + i] == best) continue;                 // accepted: look at the next draft
-    if (threadIdx.x == 0) n_out[b] = i, next_out[b] = best;           // first mismatch, or the bonus
+    const int64_t best = block_argmax(p + (b * (K + 1) + i) * V, V);  // the same in every thread
+    if (i < K && drafts[b * K + i] == best) continue;        // accepted: look at the next draft
+    if (threadIdx.x == 0) n_out[b] = i, next_out[b] = best;  // first mismatch, or the bonus
     return;
   }
 }
 
 // greedy, one block per (position i, row b); the last block of a row scans the row's argmaxes
 template <typename scalar_t>
-__global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
+__global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p,
+                                      const int64_t* __restrict__ drafts,
                                       int64_t* best, int* tickets, int64_t* __restrict__ n_out,
                                       int64_t* __restrict__ next_out, int K, int64_t V) {
   const int64_t i = blockIdx.x, b = blockIdx.y;
@@ -175,7 +179,8 @@ __global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p, const int6
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    const volatile int64_t* row = best + b * (K + 1);  // volatile: read what other blocks wrote, not L1
+    // volatile: read what other blocks wrote, not a stale L1 copy
+    const volatile int64_t* row = best + b * (K + 1);
     int n = K;
     for (int j = 0; j < K; j++)
       if (row[j] != drafts[b * K + j]) { n = j; break; }
@@ -184,9 +189,11 @@ __global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p, const int6
 }
 
 // sampling, one block per row: ratio test, residual, inverse CDF
-__global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t* __restrict__ drafts,
+__global__ void accept_sample_kernel1(const float* __restrict__ p,
+                                      const int64_t* __restrict__ drafts,
                                       const float* __restrict__ q, const float* __restrict__ u,
-                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
+                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
+                                      int K, int64_t V) {
   const int64_t b = blockIdx.x, K1 = K + 1;
   __shared__ int s_n;
   // K is small (15 for a 16-slot DFlash block): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
@@ -209,7 +216,8 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
   const bool drafted = n < K && drafts[b * K + n] >= 0;
   const float* p_n = p + (b * K1 + n) * V;
   const float* q_n = (q && drafted) ? q + (b * K + n) * V : nullptr;
-  const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot at d_n
+  // argmax drafts: q_n one-hot at d_n
+  const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;
   auto residual = [&](int64_t j) {
     const float d = p_n[j] - (q_n ? q_n[j] : (j == d_n ? 1.0f : 0.0f));
     return d < 0.0f ? 0.0f : d;  // clamp(min=0); NaN passes, like torch's clamp
@@ -242,21 +250,23 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
     // running sum a hair above its neighbour's (the reference's sequential sum stays flat there)
     if (j < V && x > 0.0) {
       last = j;
-      if (static_cast<float>(cdf) > target) atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
+      if (static_cast<float>(cdf) > target)
+        atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
     }
     carry += tile;
     __syncthreads();
     if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first
   }
   // No token crossed, though u < 1: pass 1's total rounded above pass 2's last running sum
-  // (contrived inputs, tests/test_cuda.py builds one). The target then sits at the very top of
+  // (contrived inputs, tests/test_kernels.py builds one). The target then sits at the very top of
   // the distribution: take the last token with mass, never a zero-mass V - 1. A NaN target
   // crosses nowhere and keeps V - 1, like the reference's searchsorted.
   if (s_first == V && target == target) {  // block-uniform: s_first was read after a barrier
     if (last >= 0) atomicMax(&s_last, (unsigned long long)(last + 1));
     __syncthreads();
   }
-  if (threadIdx.x == 0) n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
+  if (threadIdx.x == 0)
+    n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
 }
 
 // -----------------------------------------------------------------------------
@@ -265,10 +275,12 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p, const int64_t
 // tickets (B,) int32 zeros are kernel2's workspaces
 
 template <typename scalar_t>
-static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next, int64_t* best,
-                          int* tickets, int64_t B, int64_t K, int64_t V, int version, cudaStream_t stream) {
+static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next,
+                          int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V, int version,
+                          cudaStream_t stream) {
   if (version == 1) {
-    accept_greedy_kernel1<scalar_t><<<B, kThreads, 0, stream>>>((const scalar_t*)p, drafts, n, next, (int)K, V);
+    accept_greedy_kernel1<scalar_t><<<B, kThreads, 0, stream>>>(
+        (const scalar_t*)p, drafts, n, next, (int)K, V);
   } else {
     accept_greedy_kernel2<scalar_t><<<dim3(K + 1, B), kThreads, 0, stream>>>(
         (const scalar_t*)p, drafts, best, tickets, n, next, (int)K, V);
@@ -276,23 +288,29 @@ static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int6
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts, const float* q, const float* u,
-                      int64_t* n, int64_t* next, int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V,
-                      int version, int device) {
+void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts,
+                      const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
+                      int* tickets, int64_t B, int64_t K, int64_t V, int version, int device) {
   if (B == 0) return;  // a launch with zero blocks is an error
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // launch on the tensors' GPU
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
+  // launch on the tensors' GPU, on torch's current stream (= at::cuda::getCurrentCUDAStream)
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   if (u != nullptr) {
-    accept_sample_kernel1<<<B, kThreads, 0, stream>>>((const float*)p, drafts, q, u, n, next, (int)K, V);
+    accept_sample_kernel1<<<B, kThreads, 0, stream>>>(
+        (const float*)p, drafts, q, u, n, next, (int)K, V);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
   switch (p_dtype) {
-    case c10::ScalarType::Double: return launch_greedy<double>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
-    case c10::ScalarType::Float: return launch_greedy<float>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
-    case c10::ScalarType::Half: return launch_greedy<c10::Half>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    case c10::ScalarType::Double:
+      return launch_greedy<double>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    case c10::ScalarType::Float:
+      return launch_greedy<float>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+    case c10::ScalarType::Half:
+      return launch_greedy<c10::Half>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
     case c10::ScalarType::BFloat16:
-      return launch_greedy<c10::BFloat16>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
+      return launch_greedy<c10::BFloat16>(p, drafts, n, next, best, tickets, B, K, V, version,
+                                          stream);
     default: TORCH_CHECK(false, "accept_scan_cuda: unsupported dtype ", p_dtype);
   }
 }

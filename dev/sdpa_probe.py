@@ -8,10 +8,10 @@ kernel on CUDA (several launches and a materialised score matrix per layer). Thi
 each backend alone on the target's shapes, then times the default choice against expanding the
 K/V heads by hand (no enable_gqa), which the fused kernels take with a mask:
 
-    python -m cuda.sdpa_probe               # cuda if present, else cpu; part of cuda/gpu_check.sh
-    python -m cuda.sdpa_probe --device cpu --repeat 20
+    python dev/sdpa_probe.py                # cuda if present, else cpu; part of dev/gpu_check.sh
+    python dev/sdpa_probe.py --device cpu --repeat 20
 
-Nothing in the project depends on it. On an H200 (session 38, docs/experiments.md) float32
+Nothing in the project depends on it. On an H200 (docs/experiments.md) float32
 went to math as reported, and expanding by hand was faster (0.14 against 0.21 ms a call); in
 bfloat16 cuDNN took it, fast once planned, but it plans every new shape (~70 ms), so decoding
 runs without it (model.DECODING_ATTENTION) and gets math there too. Times here exclude planning.
@@ -25,14 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if not __package__:  # run as a file (python cuda/sdpa_probe.py): the repository root is not on the path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from cuda.__main__ import median_ms
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a file (python dev/sdpa_probe.py)
+    sys.path.insert(0, ROOT)
 from checkpoint import get_device
+from dflash_kernels.__main__ import median_ms
 from model import PRESETS
 
-BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.MATH]
+BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 
 
 def inputs(cfg, B, T_q, T_kv, dtype, device):
@@ -54,9 +55,12 @@ def expand_kv(q, k):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default=None, help="device to probe (default: cuda if available, else cpu)")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="the target shape to probe (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=200, help="timed calls per case (median; default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="device to probe (default: cuda if available, else cpu)")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
+                   help="the target shape to probe (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=200,
+                   help="timed calls per case (median; default: %(default)s)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat must be >= 1, got {args.repeat}")
@@ -74,21 +78,25 @@ def main(argv=None):
     for dtype in dtypes:
         for B, T_q in [(1, 1), (1, 16), (16, 16)]:
             q, k, v, mask = inputs(cfg, B, T_q, T_kv, dtype, device)
-            gqa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            expanded = lambda: F.scaled_dot_product_attention(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
+            sdpa = F.scaled_dot_product_attention
+            gqa = lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=True)
+            expanded = lambda: sdpa(q, expand_kv(q, k), expand_kv(q, v), attn_mask=mask)
             takes = []
             for be in BACKENDS:
                 try:
                     with sdpa_kernel(be):
                         gqa()
                     takes.append(be.name.split("_")[0].lower())
-                except (RuntimeError, NotImplementedError):  # "No available kernel": it refuses these arguments
+                except (RuntimeError, NotImplementedError):  # "No available kernel": refused
                     pass
-            if not torch.allclose(gqa().float(), expanded().float(), atol=2e-2 if dtype != torch.float32 else 1e-5):
+            atol = 2e-2 if dtype != torch.float32 else 1e-5
+            if not torch.allclose(gqa().float(), expanded().float(), atol=atol):
                 print(f"MISMATCH between enable_gqa and expanded K/V at B={B} T_q={T_q} {dtype}")
                 return 1
+            t_gqa = median_ms(gqa, device, args.repeat)
+            t_expanded = median_ms(expanded, device, args.repeat)
             print(f"{str(dtype).split('.')[1]:9s} {B:3d} {T_q:4d}  {', '.join(takes):50s} "
-                  f"{median_ms(gqa, device, args.repeat):6.3f}  {median_ms(expanded, device, args.repeat):9.3f}")
+                  f"{t_gqa:6.3f}  {t_expanded:9.3f}")
     return 0
 
 

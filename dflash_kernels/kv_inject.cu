@@ -1,10 +1,10 @@
 // kv_inject: write new context K/V of ALL drafter layers into the DFlash drafter's cache at
 // per-row offsets, rotating K by RoPE at the absolute positions, in one launch
 // (DESIGN.md sec. 6 "KV injection", sec. 7). Replaces the reference's
-// RoPE + gather + nonzero + index_put (cuda.kv_inject_ref, with its host syncs).
+// RoPE + gather + nonzero + index_put (draft_diffusion.kv_inject_ref, with its host syncs).
 //
 // For every l, b, h and t < counts[b], with pos = offsets[b] + t:
-//   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)     (rotate-half, as model.apply_rope)
+//   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)   (rotate-half, model.apply_rope)
 //   cache_v[l, b, h, pos, :] = new_v[l, b, t, h, :]
 // and nothing else in the cache changes.
 //
@@ -14,7 +14,7 @@
 //         cos, sin         (P, D/2) float32      RoPE tables (model.rope_table)
 // RoPE is computed in float32 with explicitly rounded multiplies and adds (__fmul_rn etc., so
 // nvcc cannot fuse them into FMAs) and rounded once to the cache dtype: bit-exact with
-// cuda.kv_inject_ref, which does the same float32 math in PyTorch.
+// draft_diffusion.kv_inject_ref, which does the same float32 math in PyTorch.
 //
 // Kernel versions:
 //   kernel1  one thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; the index runs
@@ -24,11 +24,11 @@
 // Bounds: offsets/counts are on the device, so they are checked here, not on the host (a
 // host check would cost a sync per call): a row that would write outside the cache or the
 // RoPE tables, or whose count is outside [0, T_new], is skipped and trips a device-side
-// assert, as torch's own index kernels do. (The same checks as the host path's, on every row;
-// only when nothing is launched, with T_new, L, H or D = 0, does a bad offset pass unnoticed.)
+// assert, as torch's own index kernels do. (The reference's checks, on every row; only when
+// nothing is launched, with T_new, L, H or D = 0, does a bad offset pass unnoticed.)
 //
-// Self-check (validates against the reference, then times): python -m cuda --op kv_inject
-// Compile check only: nvcc -arch=sm_90 -c cuda/kv_inject.cu (see cuda.nvcc_check)
+// Self-check (validates against the reference, then times): python -m dflash_kernels --op kv_inject
+// Compile check only: nvcc -arch=sm_90 -c dflash_kernels/kv_inject.cu (python dev/nvcc_check.py)
 
 // Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
 // tensors are unpacked and checked in ext.cpp, which passes raw pointers.
@@ -45,14 +45,17 @@
 
 template <typename scalar_t>
 __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __restrict__ cache_v,
-                                  const scalar_t* __restrict__ new_k, const scalar_t* __restrict__ new_v,
-                                  const int64_t* __restrict__ offsets, const int64_t* __restrict__ counts,
+                                  const scalar_t* __restrict__ new_k,
+                                  const scalar_t* __restrict__ new_v,
+                                  const int64_t* __restrict__ offsets,
+                                  const int64_t* __restrict__ counts,
                                   const float* __restrict__ cos, const float* __restrict__ sin,
-                                  int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D, int64_t T_new,
-                                  int64_t P) {
+                                  int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
+                                  int64_t T_new, int64_t P) {
   const int64_t D2 = D / 2;
   const int64_t N = L * B * T_new * H * D2;
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N; idx += (int64_t)gridDim.x * blockDim.x) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N; idx += stride) {
     // idx -> (l, b, t, h, i), i fastest: the layout of new_k (L, B, T_new, H, D) halves
     const int64_t i = idx % D2;
     int64_t r = idx / D2;
@@ -62,10 +65,12 @@ __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __re
     r /= T_new;
     const int64_t b = r % B, l = r / B;
     const int64_t count = counts[b], off = offsets[b];
-    // the host path's checks, on every row (one with no new tokens too), before the padding skip
-    // off <= T_max - count, not off + count <= T_max: a garbage offset near INT64_MAX must not wrap
-    const bool ok = count >= 0 && count <= T_new && off >= 0 && off <= T_max - count && off <= P - count;
-    CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or the RoPE tables");
+    // the reference's checks, on every row (one with no new tokens too), before the padding
+    // skip. off <= T_max - count, not off + count <= T_max: a garbage offset near INT64_MAX
+    // must not wrap
+    const bool ok = count >= 0 && count <= T_new && off >= 0 && off <= T_max - count &&
+                    off <= P - count;
+    CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or RoPE tables");
     if (!ok) continue;         // never write out of bounds, even with device asserts compiled out
     if (t >= count) continue;  // padding of a short row: untouched
     const int64_t pos = off + t;
@@ -83,32 +88,39 @@ __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __re
 }
 
 template <typename scalar_t>
-static void launch1(void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
-                    const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
-                    int64_t T_max, int64_t D, int64_t T_new, int64_t P, int device) {
+static void launch1(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
+                    const int64_t* offsets, const int64_t* counts, const float* cos,
+                    const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
+                    int64_t T_new, int64_t P, int device) {
   const int64_t N = L * B * T_new * H * (D / 2);
   if (N == 0) return;  // a launch with zero blocks is an error
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);  // grid-stride covers the rest
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // launch on the tensors' GPU
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // = at::cuda::getCurrentCUDAStream
+  // grid-stride covers the rest
+  const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);
+  // launch on the tensors' GPU, on torch's current stream (= at::cuda::getCurrentCUDAStream)
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
-      (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v, offsets, counts, cos,
-      sin, L, B, H, T_max, D, T_new, P);
+      (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v,
+      offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // the tensors are checked and unpacked by the caller (ext.cpp); all contiguous, on `device`
-void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
-                    const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
-                    int64_t T_max, int64_t D, int64_t T_new, int64_t P, c10::ScalarType dtype, int device) {
+void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
+                    const int64_t* offsets, const int64_t* counts, const float* cos,
+                    const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
+                    int64_t T_new, int64_t P, c10::ScalarType dtype, int device) {
   switch (dtype) {
     case c10::ScalarType::Float:
-      return launch1<float>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+      return launch1<float>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H,
+                            T_max, D, T_new, P, device);
     case c10::ScalarType::Half:
-      return launch1<c10::Half>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+      return launch1<c10::Half>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B,
+                                H, T_max, D, T_new, P, device);
     case c10::ScalarType::BFloat16:
-      return launch1<c10::BFloat16>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P, device);
+      return launch1<c10::BFloat16>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L,
+                                    B, H, T_max, D, T_new, P, device);
     default:
       TORCH_CHECK(false, "kv_inject_cuda: unsupported dtype ", dtype);
   }

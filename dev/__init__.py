@@ -1,0 +1,1 @@
+"""Developer tools for the CUDA kernels, off the reading path (dev/README.md)."""

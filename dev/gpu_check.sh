@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Everything the CUDA extension has to show on a GPU, in one go:
+#
+#   bash dev/gpu_check.sh [LOG_DIR]         # logs go to LOG_DIR, else $OUT, else out/gpu_check
+#
+# LOG_DIR gets four files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
+# everything printed, step by step, and the JSON of the three bench runs.
+#
+# 1. the GPU, driver, torch and nvcc versions
+# 2. python -m dflash_kernels: build, validate every op and kernel version, time fused vs reference
+#    at B = 1 and B = 32
+# 3. the kernel tests (kernels == references, end-to-end dflash with the kernels on), without
+#    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU
+# 4. which attention kernel the target's masked grouped-query pass gets (dev/sdpa_probe.py)
+# 5. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
+#    train for ~15 min): every method but `draft` with the kernels on (the first GPU table), ar
+#    and dflash with the kernels off (DFLASH_CUDA_EXT=0), then ar and dflash in bfloat16 with
+#    the kernels on. A model this small is bound by per-op overhead (~450 aten ops a step; one
+#    plain step on this project's slowest 2-core CPU: 11 ms, ~1.6 ms of it matmuls), and on a
+#    GPU each op is a launch. On that CPU the rows took 220 s, `draft` (8 passes per 1.5 tokens)
+#    70 s of it; the methods run in the order named, so a step cut off by its limit loses the
+#    least important rows, and each row's time and tau are printed as it ends.
+# 6. a few steps of training on the GPU: a tiny target (with MTP heads, in bf16 autocast as on
+#    cuda), then distillation and each learned drafter. No test trains on a GPU, and the first
+#    `python bench.py --device cuda` trains the gpu preset (~15 min) before it prints anything,
+#    so a device bug there would cost its user those minutes. ~40 s on a 2-core CPU, 8 s of it
+#    building the token bins (out/ does not travel to the device).
+# Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
+# GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
+# whole script fits one device call (at most 600 s) even if every step hangs. Measured on an
+# H200: 263 s in all; env 12 s, selfcheck 33 s (18 s of it the build), sdpa 8 s, bench_fused
+# 74 s, bench_ref 31 s, train_smoke 47 s; bench_bf16 hit its limit there before decoding ran
+# without cuDNN's attention (model.DECODING_ATTENTION).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# the device image's interpreter with torch is python3 (a plain `python` may be missing there)
+PY=${PYTHON:-$(command -v python3 || command -v python)}
+LOG=${1:-${OUT:-out/gpu_check}}
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1
+failed=0
+
+TXT=$LOG/gpu_check.txt
+: >"$TXT"
+step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the terminal and $TXT
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*" | tee -a "$TXT"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$TXT"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
+  [ "$rc" -eq 0 ] || failed=1
+  # a step cut off by its limit mid-build leaves torch's build lock behind, and each later step
+  # would wait on it (kernels._build_dir, up to STALE_LOCK_S); no build runs between steps
+  rm -f out/cuda_build/*/lock
+}
+
+# the GPU, the versions, and where the build will find the CUDA runtime (kernels._cudart_flags)
+ENV_REPORT="nvidia-smi
+$PY -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda,
+                           torch.cuda.get_device_name())'
+nvcc --version | tail -2
+command -v nvcc
+$PY -c 'from torch.utils import cpp_extension as c; import dflash_kernels as kernels
+h = c.CUDA_HOME; print(\"CUDA_HOME\", h, \"| link flags\", h and kernels._cudart_flags(h))'"
+step env 20 bash -c "$ENV_REPORT"
+step selfcheck 110 $PY -m dflash_kernels
+# -v: a step cut off by its limit still shows which test ran last. Left out: every test of the
+# CPU emulation (CI's stand-in for this GPU, and the only tests that feed the extension bad
+# arguments: on the H200 image (torch 2.11.0+cu130) a failing TORCH_CHECK whose message formats
+# an integer segfaulted the interpreter, in a minimal load_inline extension too; README,
+# Troubleshooting). -n 4 where pytest-xdist is installed (the GPU image has it): a test that
+# kills the interpreter costs one worker, not the rest of the step.
+XDIST=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
+EMULATED="emu or self_check_covers or self_check_fails or self_check_counts or ops_take"
+EMULATED="$EMULATED or dispatches"
+step tests 120 $PY -m pytest $XDIST -v -rs tests/test_kernels.py -k "not ($EMULATED)"
+step sdpa 20 $PY dev/sdpa_probe.py
+B="$PY bench.py --device cuda --preset cpu"
+step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram \
+  --json "$LOG/bench_fused.json"
+step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
+step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0 \
+  --json "$LOG/bench_bf16.json"
+TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
+$PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 \
+  --mtp-depth 2 --eval-every 10 --eval-batches 2 --quality-prompts 0 --out-path "$W/target.pt" &&
+for m in mtp eagle dflash; do
+  $PY train_drafter.py --method $m --target "$W/target.pt" --out-dir "$W" --device cuda \
+    --n-seqs 8 --n-val-seqs 2 --gen-len 16 --max-steps 5 --eval-every 5 || exit 1
+done'
+step train_smoke 50 env PY="$PY" bash -c "$TRAIN_SMOKE"
+verdict=$([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')
+echo "gpu_check: logs in $LOG; $verdict" | tee -a "$TXT"
+exit $failed

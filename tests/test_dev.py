@@ -1,0 +1,271 @@
+"""
+Tests of the developer tools in dev/ (off the reading path): the CPU emulator of CUDA
+(dev/emu.h) on programs of its own and on a kernel with its grid capped, `python dev/emu.py
+--run`, the nvcc compile check of the .cu files (skipped without nvcc), the GPU script
+dev/gpu_check.sh and the attention probe dev/sdpa_probe.py.
+
+    python -m pytest -q tests/test_dev.py
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dflash_kernels as kernels
+from dev import emu as dev_emu
+from dev import nvcc_check, sdpa_probe
+
+DEV = os.path.join(kernels.HERE.parent, "dev")
+
+
+@pytest.fixture(scope="module")
+def emu():
+    if shutil.which("ninja") is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no ninja or C++ compiler to build the emulation")
+    try:
+        return dev_emu.load()
+    except Exception as e:  # on Linux (CI) a failed build is a failure; elsewhere ucontext may lack
+        if sys.platform.startswith("linux"):
+            raise
+        pytest.skip(f"the emulation did not build on {sys.platform}: {e}")
+
+
+def run_emulated_program(tmp_path, source, schedule="in_order"):
+    """Compile a C++ program over emu.h (and c10's headers and library) and return its output."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs a C++ compiler and Linux (ucontext)")
+    (tmp_path / "t.cpp").write_text(source)
+    lib = library_paths()[0]
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{include_paths()[0]}", "t.cpp", "-o", "t",
+                    f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}"], cwd=tmp_path, check=True)
+    return subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DFLASH_EMU_SCHEDULE": schedule}).stdout
+
+
+# -----------------------------------------------------------------------------
+# the emulator
+
+EMU_PROGRAM = r"""
+#include "EMU_H"
+#include <cstdio>
+__global__ void block_sum(const int* x, int* out) {  // a shuffle tree per warp, then shared memory
+  __shared__ int partial[2];
+  int v = x[blockIdx.x * 64 + threadIdx.x];
+  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffff, v, off);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = partial[0] + partial[1];
+}
+__global__ void early_exit(int* out) {  // odd threads leave: the barrier must not wait for them
+  if (threadIdx.x % 2) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void divergent(int* out) {  // lane 0 at __syncthreads, lanes 1..31 at a shuffle
+  int v = threadIdx.x;
+  if (threadIdx.x == 0) __syncthreads();
+  else v = __shfl_down_sync(0xffffffff, v, 1);
+  out[threadIdx.x] = v;
+}
+__global__ void order(int* out) {  // the order the schedule runs things in
+  __shared__ int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x] = flag;  // warp 0, before any shuffle of its own
+  const int v = __shfl_down_sync(0xffffffff, 1, 1);
+  if (threadIdx.x == 32) flag = v, out[2] = out[2] * 10 + blockIdx.x;  // warp 1 past its shuffle
+}
+__global__ void no_barrier(int* out) {  // the bug: thread 0 writes, the others read, no barrier
+  __shared__ int s;
+  if (threadIdx.x == 0) s = 7;
+  out[threadIdx.x] = s;
+}
+__global__ void reuse(int* out) {  // the bug: thread 0 rewrites s, no barrier after the reads
+  __shared__ int s;
+  if (threadIdx.x == 0) s = 1;
+  __syncthreads();
+  const int first = s;
+  const int v = __shfl_down_sync(0xffffffff, first, 1);  // warp 0 done with s here
+  if (threadIdx.x == 0) s = 2 + v - v;                    // the next round's value
+  out[threadIdx.x] = first;
+}
+__global__ void two_barriers(int* out) {  // warp 0 at one __syncthreads, warp 1 at another
+  if (threadIdx.x < 32) __syncthreads();
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+__global__ void half_warp(int* out) {  // lanes 16..31 leave, the rest shuffle with the full mask
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_down_sync(0xffffffff, (int)threadIdx.x, 1);
+}
+int main() {
+  int x[3 * 64], sums[3], flags[64] = {0}, tmp[32];
+  for (int i = 0; i < 3 * 64; i++) x[i] = i;
+  emu::Launch(dim3(3), dim3(64)).run(block_sum, x, sums);
+  emu::Launch(dim3(1), dim3(64)).run(early_exit, flags);
+  int set = 0;
+  for (int i = 0; i < 64; i++) set += flags[i];
+  std::printf("sums %d %d %d set %d\n", sums[0], sums[1], sums[2], set);
+  int seen[3] = {0, 0, 0};
+  emu::Launch(dim3(2), dim3(64)).run(order, seen);
+  std::printf("order %d %d %d\n", seen[0], seen[1], seen[2]);
+  emu::Launch(dim3(1), dim3(64)).run(no_barrier, flags);
+  std::printf("no_barrier %d %d\n", flags[0], flags[63]);
+  emu::Launch(dim3(1), dim3(64)).run(reuse, flags);
+  std::printf("reuse %d %d\n", flags[0], flags[63]);
+  for (int k = 0; k < 4; k++) try {  // each an error on a GPU (a hang, UB, a launch error)
+    if (k == 0) emu::Launch(dim3(1), dim3(32)).run(divergent, tmp);
+    if (k == 1) emu::Launch(dim3(1), dim3(32)).run(half_warp, tmp);
+    if (k == 2) emu::Launch(dim3(0), dim3(32)).run(half_warp, tmp);
+    if (k == 3) emu::Launch(dim3(1), dim3(64)).run(two_barriers, flags);
+  } catch (const std::exception& e) {
+    std::printf("%s\n", e.what());
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("schedule", ["in_order", "eager", "eager_forward"])
+def test_emulator_runs_blocks_like_a_gpu_and_stops_where_a_gpu_would_fail(tmp_path, schedule):
+    out = run_emulated_program(tmp_path, EMU_PROGRAM.replace("EMU_H", str(dev_emu.EMU_H)), schedule)
+    # in order, warp 0 reads the flag before warp 1 is past its shuffle and block 0 runs first;
+    # eager (last to first), warp 1 has run on and set it, and block 1 runs first; eager_forward
+    # runs warp 0 and block 0 first, so it reads as in order here
+    assert {"in_order": "order 0 0 1", "eager": "order 1 1 10",
+            "eager_forward": "order 0 0 1"}[schedule] in out
+    # eager, thread 63 reads the shared value before thread 0 writes it: the missing barrier shows
+    assert {"in_order": "no_barrier 7 7", "eager": "no_barrier 7 0",
+            "eager_forward": "no_barrier 7 7"}[schedule] in out
+    # eager_forward, warp 0 is past its shuffle and rewrites s before warp 1 has read it
+    assert {"in_order": "reuse 1 1", "eager": "reuse 1 1",
+            "eager_forward": "reuse 1 2"}[schedule] in out
+    assert "threads wait at two different __syncthreads" in out
+    assert "sums 2016 6112 10208 set 32" in out  # sums of 0..63, 64..127, 128..191; 32 even threads
+    assert "can never finish: 1 of 32 live threads wait at __syncthreads" in out
+    assert "warp 0: a full-mask shuffle after 16 of its lanes returned" in out
+    assert "a launch with no blocks" in out
+
+
+KV_GRID_MAIN = r"""
+#include <cstdio>
+#include <vector>
+int main() {  // 1,200 rotation pairs, more than the 2 blocks of 256 threads the lowered cap allows
+  const int64_t L = 1, B = 2, H = 3, D = 8, T = 50, N = L * B * H * T * D;
+  std::vector<float> ck(N, NAN), cv(N, NAN), nk(N), nv(N), cs(T * D / 2, 1.0f), sn(T * D / 2, 0.0f);
+  for (int64_t x = 0; x < N; x++) nk[x] = nv[x] = (float)x;  // cos 1, sin 0: K copied unrotated
+  std::vector<int64_t> off(B, 0), cnt(B, T);
+  kv_inject_cuda(ck.data(), cv.data(), nk.data(), nv.data(), off.data(), cnt.data(), cs.data(),
+                 sn.data(), L, B, H, T, D, T, T, c10::ScalarType::Float, 0);
+  double sum_k = 0, sum_v = 0;
+  int unwritten = 0;
+  for (int64_t x = 0; x < N; x++)
+    unwritten += std::isnan(ck[x]) + std::isnan(cv[x]), sum_k += ck[x], sum_v += cv[x];
+  std::printf("unwritten %d sums %.0f %.0f\n", unwritten, sum_k, sum_v);
+}
+"""
+
+
+def test_kv_inject_emulated_grid_stride_covers_pairs_beyond_the_grid(emu, tmp_path):
+    """Catches a one-pass grid-stride loop: the grid cap (2^16 blocks) lowered to 2 in the
+    emulated source."""
+    src = (kernels.BUILD_ROOT / dev_emu.NAME / "kv_inject_emu.cpp").read_text()  # dev_emu.load's
+    assert src.count("1 << 16") == 1
+    out = run_emulated_program(tmp_path, src.replace("1 << 16", "2") + KV_GRID_MAIN)
+    assert out.split() == ["unwritten", "0", "sums", "2878800", "2878800"]  # 0 + ... + 2399, twice
+
+
+def test_emu_runs_a_script_with_the_emulated_kernels_in_the_loop(emu, tmp_path, monkeypatch,
+                                                                  capsys):
+    """python dev/emu.py --run SCRIPT ARGS: CPU tensors reach the emulated kernels there."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys, torch, kernels\n"
+                      "print('served', kernels.available(torch.device('cpu')), sys.argv[1:])\n")
+    monkeypatch.setitem(kernels._ext, "cpu", None)  # restored afterwards, whatever install sets
+    monkeypatch.setattr(sys, "argv", sys.argv[:])  # --run sets the script's
+    assert dev_emu.main(["--run", str(script), "--flag", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu tensors use the CUDA kernels emulated" in out
+    assert "served True ['--flag', 'x']" in out
+
+
+# -----------------------------------------------------------------------------
+# the compile check, the GPU script, the attention probe
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cu_files_compile_with_nvcc(tmp_path):
+    for name, (ok, log) in nvcc_check.check(arch="sm_90", out_dir=tmp_path, timeout=600).items():
+        assert ok, f"nvcc failed on {name}:\n{log[-3000:]}"
+        assert (tmp_path / name.replace(".cu", ".o")).stat().st_size > 0
+
+
+def test_gpu_check_fits_one_device_call_and_names_real_modules():
+    """dev/gpu_check.sh is the one script a GPU session runs: its step limits must add up to
+    less than one device call (600 s), every module and file it runs must exist here, and the
+    files it names under $LOG must be no more than the call brings back."""
+    script = open(os.path.join(DEV, "gpu_check.sh")).read()
+    limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
+    assert len(limits) == 8 and sum(limits) <= 580, limits
+    for mod in ("dflash_kernels", "pytest"):
+        assert f"$PY -m {mod}" in script
+        __import__(mod)
+    for path in ("dev/sdpa_probe.py", "tests/test_kernels.py", "bench.py"):
+        assert path in script and os.path.exists(os.path.join(kernels.HERE.parent, path))
+    assert "$PY bench.py --device cuda" in script
+    logs = set(re.findall(r'\$LOG/([^"\s]+)', script))  # the device tool brings back 8 at most
+    assert 0 < len(logs) <= 8 and not any("$" in name for name in logs), logs
+    # the training smoke's flags parse (a typo there would cost the step, found only on the GPU)
+    import train
+    import train_drafter
+    smoke = {"train.py": train.get_parser(), "train_drafter.py": train_drafter.get_parser()}
+    joined = script.replace("\\\n", " ")  # continuation lines
+    runs = re.findall(r"\$PY (train(?:_drafter)?\.py) ([^&|\n]+)", joined)
+    assert sorted({f for f, _ in runs}) == sorted(smoke), runs
+    for f, flags in runs:
+        flags = flags.replace("$W", "/w").replace("$m", "dflash").replace('"', "").split()
+        args = smoke[f].parse_args(flags)
+        assert args.device == "cuda" and args.max_steps > 0
+
+
+def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, monkeypatch):
+    assert sdpa_probe.main(["--device", "cpu", "--repeat", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("float32")]
+    assert len(rows) == 3 and all("math" in r for r in rows)  # the math backend takes anything
+    real = torch.nn.functional.scaled_dot_product_attention  # a GQA broadcast gone wrong must show
+    monkeypatch.setattr(sdpa_probe.F, "scaled_dot_product_attention",
+                        lambda q, k, v, enable_gqa=False, **kw:
+                        real(q, k.flip(1), v.flip(1), enable_gqa=enable_gqa, **kw)
+                        if enable_gqa else real(q, k, v, **kw))
+    assert sdpa_probe.main(["--device", "cpu", "--repeat", "1"]) == 1
+
+
+@pytest.mark.parametrize("argv,message", [(["--device", "tpu"], "unknown device 'tpu'"),
+                                          (["--repeat", "0"], "--repeat must be >= 1")])
+def test_sdpa_probe_refuses_bad_flags_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        sdpa_probe.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("script", ["sdpa_probe.py", "emu.py", "nvcc_check.py"])
+def test_the_dev_tools_run_as_files(script, tmp_path):
+    """`python dev/sdpa_probe.py` and its neighbours, from any folder."""
+    r = subprocess.run([sys.executable, os.path.join(DEV, script), "--help"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "usage" in r.stdout, r.stderr[-800:]
+
+
+def test_no_engine_file_imports_dev():
+    """dev/ may import the engine; the engine never imports dev/ (tests/test_layout.py's
+    import graph covers the engine's files only)."""
+    from test_layout import engine_files
+    for path in engine_files():
+        text = open(path, encoding="utf-8").read()
+        assert not re.search(r"^\s*(from|import) dev\b", text, flags=re.M), path
