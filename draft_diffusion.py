@@ -35,10 +35,7 @@ x_{a+k}, weighted by exp(-(k-1)/gamma) (early slots matter most: a rejection end
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
-    python train_drafter.py --method dflash --target out/cpu/target.pt
-
-Size: ~280 lines against DESIGN's ~250: the training pass and the inference drafter with its
-ragged-row context cache live together, so that the two can be read against each other.
+    python train_drafter.py --method dflash            # trains one for the committed target
 """
 
 import math
@@ -61,7 +58,8 @@ def feature_layers(n_layer, n_features):
     n_features = min(n_features, n_layer)
     if n_features == 1:
         return (n_layer,)
-    return tuple(sorted({round(1 + i * (n_layer - 1) / max(n_features - 1, 1)) for i in range(n_features)}))
+    step = (n_layer - 1) / max(n_features - 1, 1)
+    return tuple(sorted({round(1 + i * step) for i in range(n_features)}))
 
 
 class DFlash(nn.Module):
@@ -84,8 +82,8 @@ class DFlash(nn.Module):
         self.norm = RMSNorm(cfg.n_embd, lc.norm_eps)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("wo.weight", "w_down.weight")) else 0.02
-                nn.init.normal_(p, 0.0, std)
+                scaled = name.endswith(("wo.weight", "w_down.weight"))  # residual outputs (GPT-2)
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer) if scaled else 0.02)
 
     def config_dict(self):
         return dict(n_layer=self.n_layer, n_features=self.n_features, block_size=self.block_size,
@@ -149,12 +147,13 @@ class DFlash(nn.Module):
         ck = apply_rope(ck.transpose(2, 3), ccos, csin)                     # (L, B, H, T, D)
         cv = cv.transpose(2, 3)
         L, _, H, _, D = ck.shape
-        # (unbind, not ck[i] later: indexing a stacked tensor backpropagates through L zero-filled copies)
+        # (unbind, not ck[i] later: indexing a stacked tensor backpropagates through L
+        # zero-filled copies)
         ck = ck[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
         cv = cv[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
         # a block anchored at a sees context j < a (strictly!) and all of its own block
         see_ctx = torch.arange(T, device=dev) < anchors.reshape(B * A, 1)  # (B*A, T)
-        mask = torch.cat([see_ctx, see_ctx.new_ones(B * A, S)], 1)[:, None, None]  # (B*A, 1, 1, T+S)
+        mask = torch.cat([see_ctx, see_ctx.new_ones(B * A, S)], 1)[:, None, None]  # (BA,1,1,T+S)
         # NOTE: slots past the end of a sequence (no label) still take part, as at inference;
         # clamp only their RoPE lookup so a window at the context edge cannot index past the table
         rpos = pos.flatten(0, 1).clamp(max=self.cfg.max_seq_len - 1)
@@ -171,9 +170,11 @@ class DFlash(nn.Module):
         S, dev = self.block_size, tokens.device
         lo = max(1, label_from - 1)  # a in [lo, T-2]: at least one context position and one label
         if lo > T - 2:
-            raise ValueError(f"sequences of {T} tokens leave no anchor with labels from position {label_from}")
+            raise ValueError(f"sequences of {T} tokens leave no anchor with labels from position "
+                             f"{label_from}")
         if anchors is None:
-            anchors = torch.stack([torch.randperm(T - 1 - lo, device=dev)[:self.n_anchors] + lo for _ in range(B)])
+            anchors = torch.stack([torch.randperm(T - 1 - lo, device=dev)[:self.n_anchors] + lo
+                                   for _ in range(B)])
         A = anchors.shape[1]                                                # (B, A)
         logits, pos = self.train_logits(target, tokens, feats, anchors)
         slot = torch.arange(S, device=dev)
@@ -183,7 +184,8 @@ class DFlash(nn.Module):
         labels = tokens.gather(1, lab_pos.clamp(max=T - 1).flatten(1)).view(B, A, S - 1)
         logits = logits[:, :, 1:]
         w = torch.exp(-(slot[1:] - 1).float() / self.gamma)[None, None].expand(B, A, S - 1) * valid
-        ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none").view(B, A, S - 1)
+        ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none")
+        ce = ce.view(B, A, S - 1)
         loss = (ce * w).sum() / w.sum()
         hit = (logits.argmax(-1) == labels) & valid
         return loss, {"agree": hit.sum((0, 1)).cpu(), "count": valid.sum((0, 1)).cpu()}
@@ -194,19 +196,14 @@ class DFlash(nn.Module):
 
 def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     """Write each row's new context K/V into the cache at its own offset, RoPE on K at the
-    absolute positions, for all layers at once, in place (the math: dflash_kernels/kv_inject.cu).
+    absolute positions, for all layers at once, in place (dflash_kernels/kv_inject.cu fuses it).
     cache_k, cache_v (L, B, H, T_max, D); new_k, new_v (L, B, T_new, H, D), k not yet rotated;
     offsets, counts (B,) int64: row b writes its first counts[b] tokens from slot offsets[b];
-    cos, sin (P, D/2) float32. RoPE in float32 (apply_rope's math), rounded once to the cache
-    dtype, as the kernel does. NOTE: checks offsets/counts on the host, which syncs when they
-    live on a GPU; the kernel checks them on the device instead."""
-    L, B, H, T_max, D = cache_k.shape
-    T_new = new_k.shape[2]
-    room = min(T_max, cos.shape[0]) - counts  # not offsets + counts: a huge offset must not wrap
-    if not (bool(((counts >= 0) & (counts <= T_new)).all())
-            and bool(((offsets >= 0) & (offsets <= room)).all())):
-        raise ValueError(f"kv_inject_ref: offsets + counts must lie within T_max = {T_max} and "
-                         f"the RoPE tables (P = {cos.shape[0]}), counts within [0, {T_new}]")
+    cos, sin (P, D/2) float32. RoPE in float32, rounded once to the cache dtype, as the kernel."""
+    T_new, room = new_k.shape[2], min(cache_k.shape[3], cos.shape[0]) - counts
+    if not bool(((counts >= 0) & (counts <= T_new) & (offsets >= 0) & (offsets <= room)).all()):
+        raise ValueError("kv_inject_ref: offsets + counts must lie within T_max and the RoPE "
+                         f"tables, counts within [0, {T_new}]")  # one sync, on a GPU
     t = torch.arange(T_new, device=offsets.device)
     valid = t[None, :] < counts[:, None]                              # (B, T_new) real tokens
     pos = (offsets[:, None] + t[None, :]).clamp(max=cos.shape[0] - 1)  # (B, T_new) absolute
@@ -234,9 +231,10 @@ class DFlashDrafter:
     When sampling, each slot's draft is drawn from its own q (sample=False: argmax drafts)."""
 
     def __init__(self, target, dflash, block_size=None, sample=True):
-        bs = dflash.block_size if block_size is None else block_size  # 0 is refused, not the default
+        bs = dflash.block_size if block_size is None else block_size  # 0 is refused, not default
         if not 2 <= bs <= dflash.block_size:
-            raise ValueError(f"block size {bs} is outside what the drafter was trained for (2..{dflash.block_size})")
+            raise ValueError(f"block size {bs} is outside what the drafter was trained for "
+                             f"(2..{dflash.block_size})")
         self.target, self.dflash, self.block_size, self.sample = target, dflash, bs, sample
         self.hidden_layers = dflash.hidden_layers
         self.default_K = self.max_K = bs - 1  # a block drafts its bs - 1 masked slots, no more
@@ -294,7 +292,7 @@ class DFlashDrafter:
         # (padding up to the longest row, or what an earlier prompt left after a refill)
         if bool((self.ctx_len != T_ctx).any()):
             see = torch.arange(T_ctx, device=dev)[None] < self.ctx_len[:, None]       # (B, T_ctx)
-            mask = torch.cat([see, torch.ones(B, S, dtype=torch.bool, device=dev)], 1)[:, None, None]
+            mask = torch.cat([see, see.new_ones(B, S)], 1)[:, None, None]
         return self.dflash.blocks_forward(self.target, self.target.embed(blk), pos, ck, cv, mask)
 
     @torch.no_grad()
