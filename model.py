@@ -129,7 +129,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.wq(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         return apply_rope(q, cos, sin)  # (B, H, T, D)
 
-    def forward(self, x, cos, sin, cache=None, layer=0, pos=None):
+    def forward(self, x, cos, sin, cache=None, layer=0, pos=None, mask=None):
         B, T, _ = x.shape
         q = self.project_q(x, cos, sin)
         k, v = self.project_kv(x, cos, sin)
@@ -138,7 +138,8 @@ class Attention(nn.Module):
         else:  # write the new keys at each row's own offset, then attend to the whole row
             cache.write(layer, k, v, pos)
             k, v = cache.read(layer)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask(), enable_gqa=True)
+            mask = cache.mask() if mask is None else mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
 
@@ -161,8 +162,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache=None, layer=0, pos=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, pos)
+    def forward(self, x, cos, sin, cache=None, layer=0, pos=None, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, pos, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -207,9 +208,11 @@ class Transformer(nn.Module):
         """cos, sin (B, 1, T, D/2) for absolute positions pos (B, T)."""
         return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
 
-    def forward(self, idx, cache=None, hidden_layers=(), last_only=False):
+    def forward(self, idx, cache=None, hidden_layers=(), last_only=False, tree=None):
         """idx (B, T) token ids. With a cache, the tokens are appended after each row's
         current length and the cache advances by T; without one, positions start at 0.
+        tree = (pos (B, T), mask (B, 1, T, T_keys)): a draft tree's RoPE positions and
+        ancestor-only mask (tree.py) in place of the cache's causal ones.
         Returns logits (B, T, V) (or (B, 1, V) with last_only) and the list of hidden
         states (B, T, C) at the requested layer indices (0 = embedding, i = block i), in depth
         order, each layer once, whatever the order of hidden_layers."""
@@ -218,14 +221,15 @@ class Transformer(nn.Module):
             if T > self.cfg.max_seq_len:
                 raise ValueError(f"sequence of {T} tokens exceeds max_seq_len "
                                  f"{self.cfg.max_seq_len}")
-            pos = torch.arange(T, device=idx.device).expand(B, T)
+            slots = torch.arange(T, device=idx.device).expand(B, T)
         else:
-            pos = cache.positions(T)  # (B, T) per-row absolute positions
+            slots = cache.positions(T)  # (B, T) per-row cache slots: also the positions
+        pos, mask = (slots, None) if tree is None else tree
         cos, sin = self.rope(pos)
         x = self.embed(idx)  # (B, T, C)
         hidden = [x] if 0 in hidden_layers else []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, i, pos)
+            x = block(x, cos, sin, cache, i, slots, mask)
             if i + 1 in hidden_layers:
                 hidden.append(x)
         if cache is not None:

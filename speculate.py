@@ -110,8 +110,8 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
-    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device (a GPU),
-    else the reference above. Same arguments, same results."""
+    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device
+    (a GPU), else the reference above. Same arguments, same results."""
     if kernels.available(p.device):
         return kernels.accept_scan(p, drafts, q, uniforms)
     return accept_scan_ref(p, drafts, q, uniforms)
@@ -176,11 +176,12 @@ def _sync(device):
 @torch.no_grad()
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None,
-             seed=None, K=None, stop_token=None, batch_size=None):
+             seed=None, K=None, stop_token=None, batch_size=None, tree=None):
     """Speculative decoding of a list of prompts (token ids, any lengths). drafter=None is
     plain decoding through the same cache: the baseline. batch_size rows decode at once
     (default: all prompts); with fewer rows than prompts, a row whose prompt is done takes the
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
+    tree: a tree.DraftTree to verify a tree of a DFlash drafter's candidates instead of a chain.
     Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
     and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
@@ -190,11 +191,12 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
     # NOTE: a row at its budget, finished or not, still rides along in a verify pass over K+1
-    # positions from n-1, and the commit writes up to column n+K: K+1 positions of headroom
-    T_max = longest + max_new_tokens + K + 1
+    # positions from n-1 (a tree's N+1), and the commit writes up to column n+K: the headroom
+    room = K + 1 if tree is None else max(K, tree.N) + 1
+    T_max = longest + max_new_tokens + room
     if T_max > target.cfg.max_seq_len:
         raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + "
-                         f"{K + 1} positions of draft headroom exceeds the target's context of "
+                         f"{room} positions of draft headroom exceeds the target's context of "
                          f"{target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
@@ -273,7 +275,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # 1. draft
         t0 = time.perf_counter()
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
-        if drafter is not None:
+        if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
+            nodes = tree.draft(drafter, tokens, n, temperature, top_k, g)
+        elif drafter is not None:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k,
                                         generator=g)
             check_proposal(drafts, q, B, K, V, sampling)
@@ -284,19 +288,23 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 drafts = torch.where(done[:, None], NO_DRAFT, drafts)
                 width = int((drafts >= 0).any(0).sum())
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
-        Kd = drafts.shape[1]  # K' <= K
         _sync(device); t1 = time.perf_counter()
-        # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot feeds
-        # token 0, a draft past the vocabulary V - 1, refused below: neither is accepted)
-        x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(0, V - 1)], 1)  # (B, K'+1)
-        logits, hidden = target(x, cache, hidden_layers=layers)                   # (B, K'+1, V)
-        # 3-4. accept a prefix of the drafts, then one token of the target's own
-        if sampling:
-            p = logits_to_probs(logits, temperature, top_k)  # warp p exactly as pick() does
-            u = torch.rand(B, Kd + 1, device=device, generator=g)
-            n_acc, nxt = accept_scan(p, drafts, q, u)
+        if tree is not None:  # 2-4 for a tree; its accepted path is committed as a chain's is
+            drafts, n_acc, nxt, hidden = tree.verify(target, cache, tokens, n, nodes, layers,
+                                                     temperature, top_k, g)
         else:
-            n_acc, nxt = accept_scan(logits, drafts)
+            # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot
+            # feeds token 0, a draft past the vocabulary V - 1, refused below: never accepted)
+            x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(0, V - 1)], 1)
+            logits, hidden = target(x, cache, hidden_layers=layers)           # (B, K'+1, V)
+            # 3-4. accept a prefix of the drafts, then one token of the target's own
+            if sampling:
+                p = logits_to_probs(logits, temperature, top_k)  # warped exactly as by pick()
+                u = torch.rand(B, drafts.shape[1] + 1, device=device, generator=g)
+                n_acc, nxt = accept_scan(p, drafts, q, u)
+            else:
+                n_acc, nxt = accept_scan(logits, drafts)
+        Kd = drafts.shape[1]  # K' <= K
         # finished rows commit nothing; no row commits past its budget (a finished row keeps
         # riding along, so its n must stay within the T_max buffers)
         n_acc = torch.where(done, torch.zeros_like(n_acc), n_acc)

@@ -1,0 +1,145 @@
+"""
+tree.py, tree verification for DFlash (DESIGN.md sec. 5b): still lossless.
+
+- greedy: token-identical to plain decoding (random and committed targets, batches of ragged
+  rows, continuous batching, stop tokens, budgets that end inside a tree)
+- sampling: the exact joint distribution of the first tokens, within the chain's TV bound; a
+  broken rule fails the same test
+- a tree of one chain is the chain verifier, pass for pass; compaction leaves the cache as if
+  the accepted path had been fed in order; best-first growth keeps the N likeliest paths
+
+    python -m pytest -q tests/test_tree.py
+"""
+
+import itertools
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import speculate
+import tree
+from draft_diffusion import DFlashDrafter
+from model import generate as naive_generate
+from test_dflash import random_dflash
+from test_model import tiny_model
+from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
+                            sampling_target, total_variation, tv_bound)
+
+PROMPTS = [[5, 9, 2, 7, 7, 1, 30, 4, 4], [3], [8, 1, 8, 1, 8, 1],
+           [60, 61, 62, 63, 2, 2, 2, 2, 9, 9]]
+
+
+def random_drafter(target, block_size=6, seed=100, **kw):
+    return DFlashDrafter(target, random_dflash(target.cfg, seed, block_size), **kw)
+
+
+def test_build_tree_keeps_the_n_likeliest_paths():
+    """Best-first growth on a product of per-depth distributions is the top N of all paths
+    by probability (a prefix of a path is always likelier, so the set is a tree)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(3, 5, generator=g) * 2, -1)
+    for N in (1, 4, 9, 20):
+        tokens, parents, depths = tree.build_tree(q.log(), N)
+        paths = []  # each node's path of tokens, from its parents
+        for t, p in zip(tokens, parents):
+            paths.append((paths[p - 1] if p else ()) + (t,))
+        assert [len(p) for p in paths] == depths and all(p < i + 1 for i, p in enumerate(parents))
+        prob = lambda path: math.prod(float(q[d, t]) for d, t in enumerate(path))
+        every = [pa for d in range(1, 4) for pa in itertools.product(range(5), repeat=d)]
+        best = sorted(every, key=prob, reverse=True)[:N]
+        assert sorted(map(prob, paths)) == pytest.approx(sorted(map(prob, best)))
+    chain = tree.build_tree(q.log(), 3, max_children=1)  # one child each: the argmax chain
+    assert chain == (q.argmax(-1).tolist(), [0, 1, 2], [1, 2, 3])
+
+
+@pytest.mark.parametrize("N", [1, 5, 16])
+def test_greedy_tree_equals_plain_decoding(N):
+    target = tiny_model(0)
+    for batch, kw in [(PROMPTS[:1], {}), (PROMPTS, {}), (PROMPTS, dict(batch_size=2)),
+                      (PROMPTS, dict(max_new_tokens=3))]:  # a budget that ends inside a tree
+        new = kw.pop("max_new_tokens", 14)
+        outs, st = speculate.generate(target, batch, random_drafter(target), max_new_tokens=new,
+                                      tree=tree.DraftTree(N), **kw)
+        assert outs == [naive_generate(target, p, new) for p in batch], (N, kw)
+    ref = naive_generate(target, PROMPTS[0], 14)
+    stop = ref[4]
+    outs, _ = speculate.generate(target, PROMPTS[:2], random_drafter(target), max_new_tokens=14,
+                                 stop_token=stop, tree=tree.DraftTree(N))
+    assert outs[0] == ref[:ref.index(stop) + 1]
+
+
+def test_a_tree_of_one_chain_is_the_chain_pass_for_pass():
+    target = tiny_model(3)
+    chain = speculate.generate(target, PROMPTS, random_drafter(target), max_new_tokens=20)
+    one = speculate.generate(target, PROMPTS, random_drafter(target), max_new_tokens=20,
+                             tree=tree.DraftTree(5, max_children=1))
+    assert chain[0] == one[0]
+    for key in ("row_passes", "accepted_per_position", "attempts_per_position"):
+        assert chain[1][key] == one[1][key], key
+
+
+class CheckingDrafter(DFlashDrafter):
+    """Checks in every update that the target's cache holds, at positions 0..n-2 of each row,
+    exactly the K/V a fresh prefill of the committed tokens gives: compaction moved the
+    accepted path's entries (written at the slots of their tree nodes) into order."""
+    checks = 0
+
+    def update(self, tokens, n, feats, n_new):
+        cache = self.cache
+        assert torch.equal(cache.lengths, n - 1)
+        for b in range(tokens.shape[0]):
+            L = int(n[b]) - 1
+            fresh = self.fresh_cache(1, max_len=cache.max_len)
+            self.target(tokens[b:b + 1, :L], fresh)
+            assert torch.allclose(cache.k[:, b, :, :L], fresh.k[:, 0, :, :L], atol=1e-5)
+            assert torch.allclose(cache.v[:, b, :, :L], fresh.v[:, 0, :, :L], atol=1e-5)
+        CheckingDrafter.checks += int((n_new > 2).any())  # a path of two drafts or more
+        super().update(tokens, n, feats, n_new)
+
+
+def test_compaction_leaves_the_cache_as_if_the_path_was_fed(monkeypatch):
+    target = tiny_model(4)
+    with torch.no_grad():  # damp attention: a near-bigram target its drafter often agrees with
+        for blk in target.blocks:
+            blk.attn.wo.weight.mul_(0.02)
+    drafter = CheckingDrafter(target, random_dflash(target.cfg, 101, 6))
+    real = drafter.fresh_cache = target.new_cache
+    keep = lambda *a, **k: setattr(drafter, "cache", real(*a, **k)) or drafter.cache
+    monkeypatch.setattr(target, "new_cache", keep)  # the loop's cache, for the checks
+    text = naive_generate(target, [5, 6], 40)
+    batch = [text[:12], text[3:20], [1, 2]]
+    outs, _ = speculate.generate(target, batch, drafter, max_new_tokens=16, tree=tree.DraftTree(12))
+    assert outs == [naive_generate(target, p, 16) for p in batch]
+    assert CheckingDrafter.checks > 0
+
+
+def tree_tv(drafter_tree, seed=0):
+    target = sampling_target()
+    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
+    dr = random_drafter(target, block_size=4, seed=7)
+    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, dr,
+                                  max_new_tokens=SAMPLE_TOKENS, temperature=1.0, top_k=TOP_K,
+                                  seed=seed, tree=drafter_tree)
+    counts = Counter(tuple(o) for o in outs)
+    return total_variation(counts, exact), tv_bound(exact, SAMPLE_ROWS), st
+
+
+def test_sampling_with_a_tree_is_lossless():
+    tv, bound, st = tree_tv(tree.DraftTree(6))
+    assert tv < bound, (tv, bound)
+    assert 0.05 < st["acceptance_per_position"][0] < 0.95, st["acceptance_per_position"]
+
+
+def test_a_broken_tree_rule_fails(monkeypatch):
+    """The same test catches a rule that draws from p after a rejection instead of from the
+    residual (it over-weights the rejected children)."""
+    def broken(p, q, kids, g):
+        for c, i in kids:
+            if torch.rand((), generator=g) * q[c] < p[c]:
+                return i, None
+        return None, int(tree.draw(p, g))
+    monkeypatch.setattr(tree, "sample_node", broken)
+    tv, bound, _ = tree_tv(tree.DraftTree(6))
+    assert tv > bound, (tv, bound)

@@ -1,0 +1,159 @@
+"""
+Tree verification for DFlash (DDTree, arXiv 2604.12989; DESIGN.md sec. 5b): a step up from the
+chain of speculate.py, which keeps one token per slot of DFlash's block and throws the rest of
+each slot's distribution away.
+
+One DFlash pass gives a distribution q_d over the token at every depth d = 1..S-1 of the block.
+build_tree grows a tree of N candidate continuations from them, best-first by the product of q
+along the path; the target verifies all N nodes in ONE pass, node t at position L + depth(t)
+attending to the committed cache and to its own ancestors only. Then, per row, from the root
+(the pending token x_{N-1}) down:
+  greedy    follow the child whose token is the target's argmax; emit the argmax where none is
+  sampling  the children c_1..c_m of a node were drawn from their slot's q without replacement;
+            recursive rejection sampling (SpecTr, SpecInfer; Jeon et al. 2024): r = p, then for
+            each c_i accept it with probability min(1, r(c_i) / q(c_i)), else r <- norm(max(0,
+            r - q)) and q <- q without c_i, renormalized; if all are rejected, draw from r
+Lossless: each step is the chain's rule for one draft, and its residual is exactly the
+distribution of the target's token given that this draft was rejected; removing c_i from q
+makes q the distribution of the next draw. So the token at each node is a draw from p, exactly
+what plain decoding would draw there, and the walk continues into the child equal to it, whose
+p the same pass computed given the same prefix (greedy: the case p one-hot, q anything).
+The accepted path's K/V then move to the slots right after the committed ones (compaction),
+so the cache reads as if the path had been fed in order, and the drafter's update gets the
+path's hidden states: the rest of the loop is the chain's.
+
+    python bench.py --methods ar,dflash,dflash-tree --tree 32
+"""
+
+import heapq
+
+import torch
+
+from model import draw, logits_to_probs
+
+
+def build_tree(score, N, max_children=None):
+    """score (D, V): one row's log q_1..q_D (plus Gumbel noise when sampling) -> (tokens,
+    parents, depths) of N nodes in the order they were added, a parent before its children
+    (node 0 is the root, so parents index [root] + nodes). The children of a node at depth d
+    are the best-scored tokens of slot d+1, in order; a candidate's score is the sum along its
+    path. The heap holds, for each node, only its next sibling and its first child: each pop
+    adds the best node not yet in the tree (DDTree's best-first growth)."""
+    D = score.shape[0]
+    k = min(max_children or N, score.shape[1])
+    top_s, top_t = score.float().topk(k, -1)                      # (D, k), best first
+    logp, top_t = top_s.tolist(), top_t.tolist()
+    tokens, parents, depths = [], [], []
+    heap = [(-logp[0][0], 0, 0, 0)]  # (-log P(path), parent node, depth - 1, rank among siblings)
+    while heap and len(tokens) < N:
+        neg, parent, d, r = heapq.heappop(heap)
+        tokens.append(top_t[d][r]); parents.append(parent); depths.append(d + 1)
+        if r + 1 < k:    # the next sibling: the same path but this slot's next token
+            heapq.heappush(heap, (neg + logp[d][r] - logp[d][r + 1], parent, d, r + 1))
+        if d + 1 < D:    # the first child: one slot deeper, its likeliest token
+            heapq.heappush(heap, (neg - logp[d + 1][0], len(tokens), d + 1, 0))
+    return tokens, parents, depths
+
+
+def sample_node(p, q, kids, g):
+    """The sampling rule at one node: p (V,) the target's warped distribution there, q (V,) the
+    slot its children were drawn from (without replacement, in the order of kids: [(token,
+    node)]) -> (the accepted child's node, None) or (None, the emitted token)."""
+    r, q = p.clone(), q.float().clone()
+    for c, i in kids:
+        if torch.rand((), device=p.device, generator=g) * q[c] < r[c]:  # u < r(c) / q(c)
+            return i, None
+        s = (r - q).clamp(min=0)                   # rejected: r <- norm(max(0, r - q))
+        r = s / s.sum() if s.sum() > 0 else r      # (no mass left only by rounding)
+        q[c] = 0.0                                 # q <- q without c, renormalized
+        q = q / q.sum().clamp_min(1e-30)
+    return None, int(draw(r, g))
+
+
+class DraftTree:
+    """The tree step for speculate.generate(..., tree=DraftTree(N)) with a DFlash drafter:
+    draft() replaces the chain's propose, verify() its verify pass and acceptance scan."""
+
+    def __init__(self, N, max_children=None):
+        self.N, self.max_children = N, max_children
+
+    @torch.no_grad()
+    def draft(self, drafter, tokens, n, temperature, top_k, g):
+        """One DFlash pass -> node tokens, parents and depths (B, N) each, and q (B, S-1, V).
+        Greedy: each slot's likeliest tokens. Sampling: a draw without replacement from each
+        slot's q, in the order drawn (Gumbel top-k: the top k of log q + Gumbel noise), which
+        the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
+        logits = drafter.block_logits(tokens, n, drafter.max_K + 1)[:, 1:]   # (B, S-1, V)
+        q = logits_to_probs(logits, max(temperature, 1.0) if temperature == 0 else temperature,
+                            top_k)
+        score = q.clamp_min(1e-30).log()
+        if temperature > 0:
+            u = torch.rand(score.shape, device=score.device, generator=g).clamp(1e-20, 1 - 1e-7)
+            score = torch.where(q > 0, score - (-u.log()).log(), float("-inf"))
+        N = min(self.N, q.shape[1] * min(self.max_children or self.N, q.shape[2]))
+        trees = [build_tree(score[b], N, self.max_children) for b in range(q.shape[0])]
+        return [torch.tensor(x, device=tokens.device) for x in zip(*trees)] + [q]
+
+    @torch.no_grad()
+    def verify(self, target, cache, tokens, n, nodes, layers, temperature, top_k, g):
+        """One target pass over [root, nodes] per row -> drafts (B, D) as the loop commits them
+        (the accepted path first), n_accepted (B,), the emitted token (B,), and the hidden
+        states of [root, path] (one (B, D+1, C) per layer), with the cache compacted."""
+        tok, par, dep, q = nodes                                        # (B, N) each, q
+        B, N = tok.shape
+        dev, rows = tokens.device, torch.arange(tokens.shape[0], device=tokens.device)
+        par = torch.cat([par.new_zeros(B, 1), par], 1)                  # (B, N+1), root first
+        dep = torch.cat([dep.new_zeros(B, 1), dep], 1)
+        anc = torch.zeros(B, N + 1, N + 1, dtype=torch.bool, device=dev)   # ancestor-or-self
+        anc[:, 0, 0] = True
+        for t in range(1, N + 1):  # a parent comes before its children
+            anc[:, t] = anc[rows, par[:, t]]
+            anc[:, t, t] = True
+        L = cache.lengths.clone()                                       # (B,) = n - 1
+        j = torch.arange(int(L.max()) + N + 1, device=dev)              # every key slot read
+        u = j[None] - L[:, None]                                        # (B, keys): tree node
+        see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1)) & (u >= 0)[:, None]
+        mask = (see | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys): the cache and ancestors
+        x = torch.cat([tokens[rows, n - 1][:, None], tok], 1)           # (B, N+1)
+        logits, hidden = target(x, cache, hidden_layers=layers, tree=(L[:, None] + dep, mask))
+        sampling = temperature > 0
+        p = logits_to_probs(logits, temperature, top_k) if sampling else logits.argmax(-1)
+        tok_l, par_l = tok.tolist(), par.tolist()
+        paths, nxt = [], []
+        for b in range(B):
+            cur, path = 0, []
+            while True:
+                kids = [(tok_l[b][i - 1], i) for i in range(1, N + 1) if par_l[b][i] == cur]
+                if sampling:
+                    d = min(int(dep[b, cur]), q.shape[1] - 1)  # a leaf: no kids, q unread
+                    child, t = sample_node(p[b, cur], q[b, d], kids, g)
+                else:              # the child equal to the target's argmax, if any
+                    t = int(p[b, cur])
+                    child = next((i for c, i in kids if c == t), None)
+                if child is None:
+                    nxt.append(t)
+                    break
+                path.append(child)
+                cur = child
+            paths.append(path)
+        # compaction: the path's entries (written at slots L + node) move to L + 1, L + 2, ...
+        for b, path in enumerate(paths):
+            if path:
+                src = L[b] + torch.tensor(path, device=dev)
+                dst = L[b] + 1 + torch.arange(len(path), device=dev)
+                cache.k[:, b, :, dst] = cache.k[:, b, :, src]
+                cache.v[:, b, :, dst] = cache.v[:, b, :, src]
+        n_acc = torch.tensor([len(pa) for pa in paths], device=dev)
+        depth = dep.max(1).values                                       # (B,) each tree's depth
+        D = int(depth.max())
+        idx = torch.zeros(B, D + 1, dtype=torch.long, device=dev)       # [root, path], padded
+        for b, path in enumerate(paths):
+            idx[b, 1:len(path) + 1] = torch.tensor(path, dtype=torch.long, device=dev)
+        # as the chain loop takes them: the path's tokens, then 0 where the tree had a node it
+        # did not accept (counted as drafted), NO_DRAFT (-1) past the tree's depth
+        i = torch.arange(D, device=dev)
+        path_tok = tok.gather(1, (idx[:, 1:] - 1).clamp(min=0))
+        drafts = torch.where(i < n_acc[:, None], path_tok,
+                             torch.where(i < depth[:, None], 0, -1))
+        hidden = [h.gather(1, idx[..., None].expand(-1, -1, h.shape[-1])) for h in hidden]
+        return drafts, n_acc, torch.tensor(nxt, device=dev), hidden
