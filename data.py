@@ -1,28 +1,24 @@
 """
-Data for dflash-mini: a corpus of Python source, a byte-level BPE tokenizer trained on it, the
-token bins train.py reads and the held-out prompts of the benchmark. Nothing is downloaded.
+Data for dflash-mini: a corpus of Python source, the BPE tokenizer trained on it, the token bins
+train.py reads and the benchmark's held-out prompts. Nothing is downloaded.
 
-The corpus is what this machine has, test folders left out: "small" (the default; the committed
-weights were trained on it) is the standard library plus the installed sources of torch and
-numpy, 57 MB and 16M tokens; "all" adds the files of every other installed package
-(site-packages) whose content is new, 213 MB and 66M tokens on the CPU machine. A hash of each
-file's key ("torch/nn/functional.py") holds it out: the same files on any machine, in both.
+The corpus is this machine's Python files, tests left out: "small" (the default, the committed
+weights' corpus) is the standard library and the sources of torch and numpy, 16M tokens; "all"
+adds every other installed package's new files (66M on the CPU machine). A hash of each file's
+key ("torch/nn/functional.py") holds it out: the same files on any machine, in both corpora.
 
-    python data.py                    # reuse tokenizer.tiktoken, build out/data/{train,val}.bin
-    python data.py --corpus all       # the broad corpus, into out/data-all/
-    python data.py --train-tokenizer  # retrain tokenizer.tiktoken first (~1 min)
-    python data.py --write-prompts    # redraw weights/heldout_prompts.jsonl (bench's prompts)
+    python data.py                # build out/data/{train,val}.bin with tokenizer.tiktoken
+    python data.py --corpus all   # the broad corpus, into out/data-all/
 
-The tokenizer splits with the GPT-4 (cl100k) regex and is committed in tiktoken's format (base64
-token, space, rank), so every machine tokenizes alike. Special tokens: <|endoftext|> ends each
-document, <|mask|> is DFlash's mask (arXiv 2602.06036). Bins: flat np.uint16 streams (nanoGPT).
+The tokenizer (byte-level, GPT-4's split regex, tiktoken's format) and bench's prompts are made
+once by dev/tokenizer.py and committed, so every machine tokenizes and benches alike. Special
+tokens: <|endoftext|> ends a document, <|mask|> is DFlash's mask (arXiv 2602.06036). Bins: flat
+np.uint16 streams, as in nanoGPT.
 """
-import argparse, base64, functools, hashlib, heapq, importlib.util, itertools, json, os, random
-import sys, sysconfig, time
-from collections import Counter, defaultdict
+import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, random, sys
+import sysconfig, time
 
 import numpy as np
-import regex  # tiktoken depends on it; unlike `re` it knows \p{L} and \p{N}
 import tiktoken
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -45,9 +41,7 @@ MAX_FILE_BYTES = 1_000_000  # bigger .py files are generated tables, not code an
 SKIP_DIRS = {"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
              "dist-packages"}
 
-# -----------------------------------------------------------------------------
-# corpus
-
+# ----------------------------------------------------------------------------- corpus
 def site_dirs():
     """The folders of installed packages (venv, conda, dist-packages, user), in import order."""
     paths = sysconfig.get_paths()
@@ -77,8 +71,7 @@ def corpus_files(corpus="small"):
         raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     roots = [("stdlib", sysconfig.get_paths()["stdlib"])]
     for name in ("torch", "numpy"):  # find_spec locates a package without importing it
-        spec = importlib.util.find_spec(name)
-        if spec is None:
+        if (spec := importlib.util.find_spec(name)) is None:
             print(f"corpus: {name} is not installed, leaving it out")
         else:
             roots.append((name, spec.submodule_search_locations[0]))
@@ -96,8 +89,7 @@ def corpus_files(corpus="small"):
                 seen.add(h)
                 files.append((key, path))
     split = {"train": [], "val": []}
-    for key, path in files:
-        # sha1 of the key, not Python's hash(): the split must not change between runs
+    for key, path in files:  # sha1, not Python's hash(): the split must not change between runs
         h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
         split["val" if h % 1000 < VAL_PER_MILLE else "train"].append((key, path))
     return split
@@ -111,69 +103,7 @@ def read_texts(files):
         except (UnicodeDecodeError, OSError):
             continue
 
-# -----------------------------------------------------------------------------
-# BPE trainer (byte level, GPT-2 style: ranks 0..255 are the bytes, merges follow in order)
-
-def train_bpe(texts, vocab_size, pat_str=PAT_STR, verbose=True):
-    """Returns the list of token bytes in rank order. Merges are counted over the unique
-    pre-split chunks (a Counter of chunk -> count) and the pair counts are updated only for
-    the chunks a merge touches, so training is minutes instead of hours in pure Python."""
-    t0, pat, chunks = time.time(), regex.compile(pat_str), Counter()
-    for text in texts:
-        chunks.update(pat.findall(text))
-    words = [list(c.encode("utf-8")) for c in chunks]  # each unique chunk as token ids
-    counts = list(chunks.values())
-    vocab = [bytes([i]) for i in range(256)]
-    rank_of = {b: i for i, b in enumerate(vocab)}
-    pairs, where = Counter(), defaultdict(set)  # pair -> count; pair -> ids of words holding it
-    for i, (w, c) in enumerate(zip(words, counts)):
-        for p in zip(w, w[1:]):
-            pairs[p] += c
-            where[p].add(i)
-    # max-heap with lazy deletion: an entry is stale when its count no longer matches;
-    # ties break towards the smallest pair of ids, so training is deterministic
-    heap = [(-c, p) for p, c in pairs.items()]
-    heapq.heapify(heap)
-    while len(vocab) < vocab_size and heap:
-        negc, (a, b) = heapq.heappop(heap)
-        if pairs.get((a, b), 0) != -negc:
-            continue
-        merged = vocab[a] + vocab[b]
-        # NOTE: two different merges can spell the same bytes ("ab"+"c", "a"+"bc"); tiktoken
-        # ranks are keyed by bytes, so the second one reuses the existing id, not a new rank
-        t = rank_of.get(merged)
-        if t is None:
-            t = rank_of[merged] = len(vocab)
-            vocab.append(merged)
-        changed = set()
-        for i in where.pop((a, b)):
-            w, c, new, j = words[i], counts[i], [], 0
-            while j < len(w):
-                if j + 1 < len(w) and w[j] == a and w[j + 1] == b:
-                    new.append(t); j += 2
-                else:
-                    new.append(w[j]); j += 1
-            if len(new) == len(w):
-                continue  # stale entry of `where`: this word lost the pair in an earlier merge
-            for p in zip(w, w[1:]):
-                pairs[p] -= c; changed.add(p)
-            for p in zip(new, new[1:]):
-                pairs[p] += c; changed.add(p); where[p].add(i)
-            words[i] = new
-        for p in changed:
-            if pairs[p] > 0:
-                heapq.heappush(heap, (-pairs[p], p))
-            else:
-                del pairs[p]
-        if verbose and len(vocab) % 512 == 0:
-            print(f"bpe: {len(vocab)}/{vocab_size} tokens from {len(words):,} unique chunks, "
-                  f"last merge {merged!r} x{-negc:,}, {time.time() - t0:.0f}s")
-    return vocab
-
-def write_ranks(vocab, path):
-    with open(path, "w") as f:
-        f.writelines(f"{base64.b64encode(tok).decode()} {rank}\n" for rank, tok in enumerate(vocab))
-
+# ----------------------------------------------------------------------------- tokenizer
 def read_ranks(path):
     # NOTE: not tiktoken.load.load_tiktoken_bpe: it caches files by *path* in /tmp and would
     # keep serving the old ranks after a retrain; the format is the same (tests check that)
@@ -198,9 +128,7 @@ def tokenizer_hash(path=TOKENIZER_PATH):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read() + PAT_STR.encode()).hexdigest()[:12]
 
-# -----------------------------------------------------------------------------
-# token bins
-
+# ----------------------------------------------------------------------------- token bins
 def write_atomic(path, text):
     """Temp file then rename: Ctrl-C never leaves half a file (meta.json, bench's JSON)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -211,10 +139,8 @@ def write_atomic(path, text):
 def progress(msg, last=False):
     """A progress line, rewritten in place on a terminal (the last one ends the line); a line
     each in a log file, where \r would run them into one long line."""
-    if sys.stdout.isatty():
-        print("\r" + msg, end="\n" if last else "", flush=True)
-    else:
-        print(msg, flush=True)
+    tty = sys.stdout.isatty()
+    print("\r" + msg if tty else msg, end="\n" if last or not tty else "", flush=True)
 
 _prepared = {}  # (out_dir, corpus) -> meta, checked once per process (a check lists the corpus)
 
@@ -271,9 +197,7 @@ def _prepare(out_dir, rebuild, corpus="small"):
 def load_tokens(split, out_dir=DATA_OUT, corpus="small"):
     return np.memmap(prepare(out_dir, corpus=corpus)["paths"][split], dtype=np.uint16, mode="r")
 
-# -----------------------------------------------------------------------------
-# held-out prompts and the repetition metric
-
+# ----------------------------------------------------------------------------- prompts
 def heldout_samples(n, seed=0, prompt_lines=4, max_prompt_tokens=96, continuation_chars=1500,
                     corpus="small"):
     """n (prompt, real continuation) pairs cut from held-out files at a `def`/`class` line: the
@@ -336,8 +260,7 @@ def read_prompts_file(path):
             lines = f.read().split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read prompts file ({e})") from None
-    first = next((l for l in lines if l.strip()), None)
-    if first is None:
+    if not (first := next((l for l in lines if l.strip()), None)):
         raise ValueError(f"{path}: empty prompts file")
     if not first.lstrip().startswith("{"):  # a line of spaces ends a block too
         blocks = "\n".join(l if l.strip() else "" for l in lines).split("\n\n")
@@ -355,9 +278,7 @@ def read_prompts_file(path):
         prompts.append(obj["prompt"])
     return prompts
 
-# -----------------------------------------------------------------------------
-# files and flags (shared by every script)
-
+# ----------------------------------------------------------------------------- every script's flags
 def check_writable(path):
     """An output file must be writable before a run spends minutes on what it saves there.
     Checked without writing anything (a refused run leaves no folder behind): the nearest
@@ -373,88 +294,27 @@ def check_writable(path):
         raise ValueError(f"{path}: cannot write there ({d} is not writable)")
 
 class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
-    """--help shows each flag's default, unless its text already speaks of one or it has none."""
+    """--help shows each flag's default, unless its text already speaks of one or there is none
+    to show: None, or the True/False of a store_true/store_false flag (its name says it)."""
     def _get_help_string(self, action):
         text, d = action.help or "", action.default
-        if "default" in text or d is None or d is False or d == argparse.SUPPRESS:
+        if "default" in text or d is None or isinstance(d, bool) or d == argparse.SUPPRESS:
             return text
         return text + " (default: %(default)s)"
 
-def check_cli(args, parser):
-    """data.py's flags, checked before the corpus is read (a bad one ended in a traceback)."""
-    try:
-        sizes = [args.vocab_size, *map(int, args.measure.split(","))]
-    except ValueError:
-        raise ValueError(f"--measure takes vocab sizes separated by commas, got {args.measure!r}") \
-            from None
-    if min(sizes) < 256:  # the 256 single bytes come first
-        raise ValueError(f"--vocab-size and --measure must be >= 256 (the bytes), got {min(sizes)}")
-    if args.bpe_every < 1:
-        raise ValueError(f"--bpe-every must be >= 1 (1 = every train file), got {args.bpe_every}")
-    if args.vocab_size + 2 >= 2**16:  # the bins hold uint16 ids, and the 2 specials come on top
-        raise ValueError(f"--vocab-size must be <= {2**16 - 3} (ids are uint16), "
-                         f"got {args.vocab_size}")
-    given = [f"--{k.replace('_', '-')}" for k in ("vocab_size", "measure", "bpe_every")
-             if getattr(args, k) != parser.get_default(k)]
-    if given and not args.train_tokenizer and os.path.exists(TOKENIZER_PATH):
-        raise ValueError(f"{', '.join(given)} only shape a new tokenizer; add --train-tokenizer "
-                         "(without it the committed tokenizer.tiktoken is used)")
-    check_writable(os.path.join(args.out_dir, "data", "train.bin"))
-
-def train_tokenizer(files, vocab_size, measure, every):
-    """Train the BPE on every `every`-th train file, report held-out bytes/token per vocab size
-    in `measure`, and write the first vocab_size ranks to tokenizer.tiktoken."""
-    sizes = sorted({vocab_size, *measure})
-    texts = [t for _, t in read_texts(files["train"][::every])]
-    print(f"tokenizer: BPE on {len(texts)} files, {sum(map(len, texts)):,} chars")
-    vocab = train_bpe(texts, sizes[-1])  # merges are a sequence: smaller vocabs are prefixes
-    val_texts = [t for _, t in read_texts(files["val"])]
-    n_bytes = sum(len(t.encode()) for t in val_texts)
-    for size in sizes:
-        enc = make_encoding({tok: r for r, tok in enumerate(vocab[:size])})
-        n_tokens = sum(map(len, enc.encode_ordinary_batch(val_texts)))
-        print(f"tokenizer: vocab {size:5d}: {n_bytes / n_tokens:.3f} held-out bytes/token")
-    write_ranks(vocab[:vocab_size], TOKENIZER_PATH)
-    get_encoding.cache_clear()
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
-    g = parser.add_argument_group("corpus and bins")
-    g.add_argument("--corpus", choices=CORPORA, default="small",
-                   help="small: stdlib + torch + numpy; all: every installed package too")
-    g.add_argument("--out-dir", default=DATA_OUT, help="where data/ (data-all/) with the bins "
-                   "goes (default: out/ in the repository, where train.py looks)")
-    g.add_argument("--rebuild", action="store_true", help="rebuild the bins even if up to date")
-    g.add_argument("--write-prompts", action="store_true", help="only rewrite weights/"
-                   f"heldout_prompts.jsonl with this machine's first {N_REFERENCE_PROMPTS}")
-    g = parser.add_argument_group("tokenizer")
-    g.add_argument("--train-tokenizer", action="store_true", help="retrain tokenizer.tiktoken")
-    g.add_argument("--vocab-size", type=int, default=4096,
-                   help="BPE ranks to keep (256 bytes + merges; specials come on top)")
-    g.add_argument("--measure", default="2048,4096,8192",
-                   help="vocab sizes whose held-out bytes/token to report")
-    g.add_argument("--bpe-every", type=int, default=1, help="train the BPE on every k-th train "
-                   "file (1: all of small's 57 MB, ~50 s; 3: ~20 s, 0.5%% worse)")
+    parser.add_argument("--corpus", choices=CORPORA, default="small",
+                        help="small: stdlib + torch + numpy; all: every installed package too")
+    parser.add_argument("--out-dir", default=DATA_OUT, help="where data/ (data-all/) with the "
+                        "bins goes (default: out/ in the repository, where train.py looks)")
+    parser.add_argument("--rebuild", action="store_true", help="rebuild bins that are up to date")
     args = parser.parse_args()
-    try:
-        check_cli(args, parser)
+    try:  # before minutes of encoding
+        check_writable(os.path.join(args.out_dir, "data", "train.bin"))
     except ValueError as e:
         raise SystemExit(f"error: {e}")
-    if args.write_prompts:
-        prompts = heldout_prompts(N_REFERENCE_PROMPTS, corpus=args.corpus)
-        write_atomic(PROMPTS_PATH, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        print(f"wrote {len(prompts)} prompts to {PROMPTS_PATH}")
-        raise SystemExit(0)
-    files = corpus_files(args.corpus)
-    print(f"corpus: {args.corpus}, {len(files['train'])} train / {len(files['val'])} val files "
-          f"(stdlib of {sysconfig.get_paths()['stdlib']}, tests excluded)")
-    if args.train_tokenizer or not os.path.exists(TOKENIZER_PATH):
-        print("tokenizer: training" + ("" if args.train_tokenizer else " (the file is missing)"))
-        train_tokenizer(files, args.vocab_size, map(int, args.measure.split(",")), args.bpe_every)
-    enc = get_encoding()
-    print(f"tokenizer: {TOKENIZER_PATH} (hash {tokenizer_hash()}), n_vocab {enc.n_vocab}")
-    prepare(args.out_dir, rebuild=args.rebuild, corpus=args.corpus)
-    samples = heldout_samples(64, corpus=args.corpus)
-    rep = np.mean([repeated_ngram_fraction(enc.encode_ordinary(c)[:128]) for _, c in samples])
-    print(f"held-out: {len(samples)} prompts; real continuations repeat {100 * rep:.1f}% "
-          f"of their 8-grams in 128 tokens\nfirst prompt: {samples[0][0]!r}")
+    meta = prepare(args.out_dir, rebuild=args.rebuild, corpus=args.corpus)
+    print(f"corpus: {args.corpus}, {sum(meta['files'].values()):,} files (tests excluded; stdlib "
+          f"of {sysconfig.get_paths()['stdlib']}): {meta['tokens']['train']:,} train tokens, "
+          f"{meta['tokens']['val']:,} val, tokenizer {meta['tokenizer_hash']}")

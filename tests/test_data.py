@@ -1,10 +1,11 @@
-"""Corpus, tokenizer, BPE trainer, held-out prompts and prompt files (no out/ bins needed)."""
+"""Corpus, tokenizer, token bins, held-out prompts, prompt files and data.py's command line (the
+BPE trainer that made the tokenizer is dev/tokenizer.py's, tested in test_tokenizer.py)."""
+import argparse
 import hashlib
 import json
 import os
 import re
 import sys
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -75,61 +76,6 @@ def test_ranks_file_is_standard_tiktoken(monkeypatch):
     assert sorted(ranks.values()) == list(range(len(ranks)))
     assert all(ranks[bytes([i])] == i for i in range(256))
     assert len(data.tokenizer_hash()) == 12
-
-
-def naive_bpe(text, vocab_size):
-    """Textbook BPE, slow and obviously right: same tie-break (largest count, then smallest ids)."""
-    words = [list(c.encode()) for c in regex.findall(data.PAT_STR, text)]
-    vocab = [bytes([i]) for i in range(256)]
-    while len(vocab) < vocab_size:
-        pairs = Counter(p for w in words for p in zip(w, w[1:]))
-        a, b = min(pairs, key=lambda p: (-pairs[p], p))
-        merged = vocab[a] + vocab[b]
-        if merged not in vocab:
-            vocab.append(merged)
-        t, new_words = vocab.index(merged), []
-        for w in words:
-            out, i = [], 0
-            while i < len(w):
-                if w[i:i + 2] == [a, b]:
-                    out.append(t); i += 2
-                else:
-                    out.append(w[i]); i += 1
-            new_words.append(out)
-        words = new_words
-    return vocab
-
-
-def test_bpe_trainer(tmp_path):
-    # the 8-space indent makes "  " the clear winner (6 pairs per line), as in real code
-    text = "def forward(self, x):\n        return self.proj(x)\n\n" * 40 + "lorem ipsum dolor sit amet\n" * 7
-    vocab = data.train_bpe([text], 300, verbose=False)
-    assert len(vocab) == 300 and len(set(vocab)) == 300
-    assert vocab[:256] == [bytes([i]) for i in range(256)]
-    # the first merge is the most frequent byte pair within the pre-split chunks
-    pairs = Counter()
-    for chunk in regex.findall(data.PAT_STR, text):
-        b = chunk.encode()
-        pairs.update(zip(b, b[1:]))
-    (a, b), top = pairs.most_common(1)[0]
-    assert pairs.most_common(2)[1][1] < top  # no tie, so the expectation is unambiguous
-    assert vocab[256] == bytes([a, b])
-    # every merge agrees with a naive trainer that recounts all pairs of all chunk occurrences
-    assert vocab == naive_bpe(text, 300)
-    path = tmp_path / "toy.tiktoken"
-    data.write_ranks(vocab, path)
-    toy = data.get_encoding(str(path))
-    assert toy.n_vocab == 302 and toy.eot_token == 300
-    for s in (text, "return self.proj(x) 🐍 unseen words"):
-        assert toy.decode(toy.encode_ordinary(s)) == s
-    assert len(toy.encode_ordinary(text)) < len(text.encode()) / 3  # it learned something
-    assert toy.encode_ordinary(" self") == [vocab.index(b" self")]
-
-
-def test_bpe_stops_when_no_pair_is_left():
-    # chunks "ab" and " ab": after the merges "ab" and " ab" every pair count is 0, and a pair
-    # whose count fell to 0 must not be merged (the vocabulary asked for is far larger)
-    assert data.train_bpe(["ab ab"], 1000, verbose=False)[256:] == [b"ab", b" ab"]
 
 
 def test_repeated_ngram_fraction():
@@ -334,23 +280,23 @@ def test_heldout_prompts_takes_the_seed():
     assert data.heldout_prompts(5, seed=1) == [p for p, _ in data.heldout_samples(5, seed=1)]
 
 
-@pytest.mark.parametrize("flags,message", [(["--measure", "abc"], "--measure takes vocab sizes"),
-                                           (["--vocab-size", "100"], "must be >= 256 .* got 100"),
-                                           (["--measure", "0"], "must be >= 256 .* got 0"),
-                                           (["--bpe-every", "0"], "--bpe-every must be >= 1"),
-                                           (["--out-dir", "FILE"], "is a file, not a folder"),
-                                           (["--vocab-size", "65534"], "must be <= 65533 .* got 65534"),
-                                           (["--vocab-size", "8192"], "--vocab-size only shape a new tokenizer"),
-                                           (["--measure", "512", "--bpe-every", "3"],
-                                            "--measure, --bpe-every only shape a new tokenizer; add --train-tokenizer")])
-def test_data_cli_refuses_bad_flags_before_reading_the_corpus(tmp_path, flags, message, run_script):
-    """Each of these ended in a traceback (a PanicException from the BPE for --vocab-size 100)."""
+def test_data_cli_refuses_an_out_dir_it_cannot_write_before_reading_the_corpus(tmp_path, run_script):
     (tmp_path / "FILE").write_text("x")
-    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
-    # (no --train-tokenizer: a check that failed to refuse would retrain the committed tokenizer)
-    rc, out, err = run_script("data.py", *flags, cwd=tmp_path)
-    assert rc == 1 and re.search(message, err), err[-800:]
-    assert "corpus:" not in out  # refused before any work
+    rc, out, err = run_script("data.py", "--out-dir", str(tmp_path / "FILE"), cwd=tmp_path)
+    assert rc == 1 and "is a file, not a folder" in err, err[-800:]
+    assert "corpus:" not in out and "data:" not in out  # refused before any work
+
+
+def test_help_shows_no_default_for_a_store_false_flag():
+    """A store_false flag's default True said "(default: True)", which reads as if the flag
+    were on; a store_true one's False was already left out."""
+    p = argparse.ArgumentParser(formatter_class=data.DefaultsHelp)
+    p.add_argument("--no-check", dest="check", action="store_false", help="skip the check")
+    p.add_argument("--fast", action="store_true", help="go fast")
+    p.add_argument("--steps", type=int, default=16, help="how many")
+    text = " ".join(p.format_help().split())
+    assert "skip the check " in text and "go fast " in text and "how many (default: 16)" in text
+    assert text.count("default") == 1
 
 
 # ----------------------------------------------------------------------------- the broad corpus
@@ -446,13 +392,3 @@ def test_each_corpus_has_bins_of_its_own(tmp_path, monkeypatch):
     assert (small["files"]["train"], broad["files"]["train"]) == (1, 2)
     tokens = data.load_tokens("train", out, corpus="all")
     assert len(tokens) == broad["tokens"]["train"] == 2 * small["tokens"]["train"]
-
-
-def test_train_tokenizer_reports_each_size_and_writes_the_ranks(tmp_path, monkeypatch, capsys):
-    files = tiny_corpus(tmp_path, monkeypatch)
-    monkeypatch.setattr(data, "TOKENIZER_PATH", str(tmp_path / "t.tiktoken"))
-    data.train_tokenizer(files, 260, [258, 270], every=1)
-    out = capsys.readouterr().out
-    assert re.findall(r"vocab +(\d+):", out) == ["258", "260", "270"]
-    ranks = data.read_ranks(data.TOKENIZER_PATH)  # the vocab asked for, not the largest measured
-    assert sorted(ranks.values()) == list(range(260))
