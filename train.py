@@ -1,21 +1,12 @@
 """
 Train the target (or the small `draft` model) on the Python-source corpus of data.py.
 
-AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA and fp32 on
-CPU. Training is budgeted in wall-clock minutes: the learning-rate schedule follows the
-fraction of the budget used (or of --max-steps, whichever is further along), so a run of
-any length ends on a fully decayed schedule. With --mtp-depth D it also trains D native
-multi-token-prediction modules (mtp.py) with the target, loss weight lambda / D.
-
-At the end it prints a quality report: greedy continuations of held-out prompts and how
-often they repeat their own 8-grams, against the real code. A target that loops makes every
-drafter look brilliant, so this number decides whether a benchmark on it means anything.
-
-Resume: every --save-minutes (2) a run saves its weights, optimizer, step and clock to the
-checkpoint's path with .run.pt (out/cpu/target.run.pt), never to the checkpoint itself, so a
-killed run cannot pass for a finished target. The same command plus --resume continues it;
---resume FILE continues FILE, e.g. a finished checkpoint given a larger --minutes. The model's
-shape (preset, MTP depth) comes from the file; give the other flags as before.
+AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA, fp32 on CPU.
+The budget is wall-clock minutes and the schedule follows the fraction used (or of --max-steps),
+so a run of any length ends fully decayed. --mtp-depth D also trains D native multi-token
+prediction modules (mtp.py), loss weight lambda / D. Every --save-minutes the run is saved to
+<checkpoint>.run.pt (a killed run must not pass for a finished target), and the same command
+plus --resume continues it. train_drafter.py runs the same loop (train_loop).
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -35,7 +26,6 @@ import data
 import speculate
 from checkpoint import get_device, load_checkpoint, save_checkpoint
 from data import DefaultsHelp, check_writable
-from draft_simple import NgramDrafter
 from model import PRESETS, Config, Transformer
 from mtp import MTP
 
@@ -61,83 +51,30 @@ def lr_at(frac, step, args):
 def evaluate(model, batches, enc):
     """Mean validation loss (nats/token) and bits per byte over fixed (B, T+1) batches."""
     model.eval()
-    losses, n_bytes, n_tok = [], 0, 0
-    for xy in batches:
-        logits, _ = model(xy[:, :-1])
-        losses.append(F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten()).item())
-        for row in xy[:, 1:].tolist():
-            n_bytes += len(enc.decode_bytes(row))
-            n_tok += len(row)
+    loss = float(np.mean([F.cross_entropy(model(xy[:, :-1])[0].flatten(0, 1).float(),
+                                          xy[:, 1:].flatten()).item() for xy in batches]))
     model.train()
-    loss = float(np.mean(losses))
+    n_tok = sum(xy[:, 1:].numel() for xy in batches)
+    n_bytes = sum(len(enc.decode_bytes(row)) for xy in batches for row in xy[:, 1:].tolist())
     return loss, loss / math.log(2) * n_tok / max(n_bytes, 1)
 
 
-def lookup_hit_rate(prompt, cont):
-    """How often prompt lookup (1-token draft) guesses the next token of a continuation. Without
-    a match it guesses the last token again, so that the rates stay comparable with the older
-    ones recorded in docs/experiments.md."""
-    look, hits = NgramDrafter(n=3), 0
-    for t in range(len(cont)):
-        seq = prompt + cont[:t]
-        hits += (look._lookup(seq, 1) or seq[-1:])[0] == cont[t]
-    return hits / max(len(cont), 1)
-
-
-@torch.no_grad()
-def quality_report(model, n_prompts=32, n_tokens=128, verbose=True):
-    """Does the target write code, or loop? Fraction of repeated 8-grams in its greedy (T=0)
-    and sampled (T=1) continuations of held-out prompts, against the real continuations."""
-    enc = data.get_encoding()
-    samples = data.heldout_samples(n_prompts)
-    prompts = [enc.encode_ordinary(p) for p, _ in samples]
-    real = [enc.encode_ordinary(c)[:n_tokens] for _, c in samples]
-    greedy, _ = speculate.generate(model, prompts, None, max_new_tokens=n_tokens)
-    sampled, _ = speculate.generate(model, prompts, None, max_new_tokens=n_tokens,
-                                    temperature=1.0, seed=0)
-    rep = lambda outs: float(np.mean([data.repeated_ngram_fraction(o, 8) for o in outs]))
-    look = lambda outs: float(np.mean([lookup_hit_rate(p, o) for p, o in zip(prompts, outs)]))
-    q = dict(repeat8_greedy=rep(greedy), repeat8_sampled=rep(sampled), repeat8_real=rep(real),
-             lookup_greedy=look(greedy), lookup_real=look(real))
-    if verbose:
-        print(f"quality report ({n_prompts} held-out prompts, {n_tokens} tokens):")
-        print(f"  repeated 8-grams: greedy {q['repeat8_greedy']:.1%} | "
-              f"T=1 {q['repeat8_sampled']:.1%} | real code {q['repeat8_real']:.1%}")
-        print(f"  prompt lookup guesses: greedy {q['lookup_greedy']:.1%} | "
-              f"real code {q['lookup_real']:.1%}")
-        text = (samples[0][0] + enc.decode(greedy[0])).splitlines()[:16]
-        print("  sample (greedy):\n" + "\n".join("    | " + line for line in text))
-    return q
-
-
 def check_args(args, names, zero_ok=()):
-    """Counts in names must be >= 1 and those in zero_ok >= 0; the budget, the learning rate
-    and the gradient clip > 0, the other optimisation settings in their range. Written as
-    `not x >= 0` so that NaN is refused too (a nan budget never ran out, a nan rate trained a
-    nan model)."""
-    flag = lambda name: "--" + name.replace("_", "-")
-    for name in names:
-        if getattr(args, name) < 1:
-            raise ValueError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
-    for name in ("threads", "max_steps", "save_minutes", *zero_ok):  # 0: "off" or "torch's"
-        if not (getattr(args, name, 0) or 0) >= 0:
-            raise ValueError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
-    for name in ("minutes", "lr", "grad_clip"):
+    """Counts in names >= 1, in zero_ok >= 0; budget, lr and clip > 0, the rest in range.
+    Written as `not ok(x)` so that NaN is refused too (a nan budget never ran out)."""
+    rules = ([(n, ">= 1", lambda v: v >= 1) for n in names]
+             + [(n, ">= 0", lambda v: v >= 0) for n in ("threads", "max_steps", "save_minutes",
+                                                          "weight_decay", "mtp_lambda", *zero_ok)]
+             + [(n, "> 0", lambda v: v > 0) for n in ("minutes", "lr", "grad_clip")]
+             + [("min_lr_frac", "in 0..1", lambda v: 0 <= v <= 1)])
+    for name, rule, ok in rules:
         value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            raise ValueError(f"{flag(name)} must be > 0, got {value}")
-    for name, high in (("min_lr_frac", 1), ("weight_decay", math.inf), ("mtp_lambda", math.inf)):
-        value = getattr(args, name, None)
-        if value is not None and not 0 <= value <= high:
-            span = f"in 0..{high}" if high < math.inf else ">= 0"
-            raise ValueError(f"{flag(name)} must be {span}, got {value}")
+        if value is not None and not ok(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-def eta_s(budget, elapsed, step, max_steps):
-    """Seconds left: the run ends at its time budget or at --max-steps, whichever comes first."""
-    left = max(budget - elapsed, 0)
-    return min(left, (max_steps - step) * elapsed / step) if max_steps else left
-
+# -----------------------------------------------------------------------------
+# the loop and its resume, shared with train_drafter.py
 
 def run_path(out_path):
     """Where a run in progress saves: out_path is written only when the run finishes."""
@@ -153,31 +90,72 @@ def resume_path(resume, out_path):
     return out_path if os.path.exists(out_path) and not os.path.exists(run) else run
 
 
+def eta_s(budget, elapsed, step, max_steps):
+    """Seconds left: the run ends at its time budget or at --max-steps, whichever comes first."""
+    left = max(budget - elapsed, 0)
+    return min(left, (max_steps - step) * elapsed / step) if max_steps else left
+
+
+def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, out_path,
+               ck=None, ck_path=None):
+    """Continue checkpoint ck (from ck_path) if any; until --minutes or --max-steps runs out, set
+    the lr to lr_fn(fraction done, step) and step on train_step(step) -> (loss, its log text as a
+    callable: only printed steps sync). Print report() every --eval-every steps, save(path, step,
+    elapsed) to <out_path>.run.pt every --save-minutes, and at the end to out_path."""
+    step, elapsed = (ck.get("step", 0), ck.get("elapsed", 0.0)) if ck else (0, 0.0)
+    if ck:
+        model.load_state_dict(ck["state_dict"])
+        if "optimizer" in ck:
+            opt.load_state_dict(ck["optimizer"])
+        else:  # checkpoint.py's export drops it
+            print(f"NOTE: {ck_path} holds no optimizer state (an exported checkpoint): AdamW "
+                  "starts afresh, so this continues its weights, not its run")
+        print(f"resuming {ck_path} at step {step}")
+    budget, run_file = args.minutes * 60, run_path(out_path)
+    t_start, t_saved, text = time.time() - elapsed, time.time(), lambda: "no step was left"
+    while (frac := max((time.time() - t_start) / budget,
+                       step / args.max_steps if args.max_steps else 0.0)) < 1.0:
+        lr = lr_fn(frac, step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss, text = train_step(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        step += 1
+        if step % args.eval_every == 0 or step == 1:
+            eta = eta_s(budget, time.time() - t_start, step, args.max_steps)
+            print(f"step {step:5d} | {text()} | {report()} | lr {lr:.2e} | "
+                  f"ETA {eta / 60:.1f} min", flush=True)
+        if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
+            save(run_file, step, time.time() - t_start)
+            t_saved = time.time()
+    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | "
+          f"{report()}")
+    save(out_path, step, time.time() - t_start)  # with the optimizer: --resume can extend it
+    if os.path.exists(run_file):
+        os.remove(run_file)
+    print(f"saved {out_path}")
+
+
 def main(args):
-    check_args(args, ["batch_size", "eval_every", "eval_batches"]
-               + ["quality_tokens"] * (args.quality_prompts > 0),
+    check_args(args, ["batch_size", "eval_every", "eval_batches"],
                zero_ok=["mtp_depth", "warmup_steps", "quality_prompts"])
+    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+    check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = get_device(args.device)
-    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
-    check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
+    device, enc, ck, path = get_device(args.device), data.get_encoding(), None, None
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), "
           f"{torch.get_num_threads()} threads")
-    enc = data.get_encoding()
-
-    ck = None
     if args.resume is not None:
         path = resume_path(args.resume, out_path)
         ck = load_checkpoint(path, kind="target")
-        # the model's shape is the checkpoint's (as nanoGPT forces its model args on resume)
-        for k in ("preset", "mtp_depth"):
+        for k in ("preset", "mtp_depth"):  # the model's shape is the file's, as in nanoGPT
             setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
-        cfg = Config(**ck["config"])
-        print(f"resuming {path} at step {ck.get('step', 0)}")
-    else:
-        cfg = Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
+    cfg = Config(**ck["config"]) if ck else Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
     if not 1 <= seq_len <= cfg.max_seq_len:
         raise ValueError(f"--seq-len {seq_len} is outside the model's context "
@@ -191,109 +169,68 @@ def main(args):
                               "weight_decay": args.weight_decay},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
-    step, elapsed = 0, 0.0
-    if ck is not None:
-        model.load_state_dict(ck["state_dict"])
-        if mtp_mod is not None and ck.get("mtp_state_dict"):
-            mtp_mod.load_state_dict(ck["mtp_state_dict"])
-        if "optimizer" in ck:
-            opt.load_state_dict(ck["optimizer"])
-        else:  # checkpoint.py's export drops it
-            print(f"NOTE: {path} holds no optimizer state (an exported checkpoint): AdamW starts "
-                  "afresh, so this continues its weights, not its run")
-        step, elapsed = ck.get("step", 0), ck.get("elapsed", 0.0)
+    if mtp_mod is not None and ck and ck.get("mtp_state_dict"):
+        mtp_mod.load_state_dict(ck["mtp_state_dict"])
     mtp_s = f" + {mtp_mod.n_params() / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else ""
     print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params{mtp_s}, "
           f"seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
 
     # a resumed run draws other batches than the uninterrupted one would have: no replay
-    gen = torch.Generator().manual_seed(args.seed + step)
+    gen = torch.Generator().manual_seed(args.seed + (ck.get("step", 0) if ck else 0))
     val_gen = torch.Generator().manual_seed(1234)
     val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device)
                    for _ in range(args.eval_batches)]
-    budget, run_file = args.minutes * 60, run_path(out_path)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    t_start, tokens_seen, val_loss, bpb = time.time() - elapsed, 0, float("nan"), float("nan")
-    t_log = t_saved = time.time()
+    val_loss = bpb = float("nan")
 
-    def save(path):
-        save_checkpoint(path, dict(kind="target", config=cfg.__dict__,
-                                   state_dict=model.state_dict(),
-                                   mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                   optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
-                                   args=vars(args), step=step, elapsed=time.time() - t_start,
-                                   val_loss=val_loss, bpb=bpb))
-    loss = None  # a resumed run with no step left still ends, saves and reports
-    model.train()
-    while True:
-        elapsed = time.time() - t_start
-        frac = max(elapsed / budget, step / args.max_steps if args.max_steps else 0.0)
-        if frac >= 1.0:
-            break
-        lr = lr_at(frac, step, args)
-        for group in opt.param_groups:
-            group["lr"] = lr
+    def train_step(step):
         xy = get_batch(train_tok, args.batch_size, seq_len, gen, device)  # (B, T+1)
         with autocast:
             logits, hidden = model(xy[:, :-1], hidden_layers=(cfg.n_layer,) if mtp_mod else ())
             loss = F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
-            total = loss
-            if mtp_mod is not None:
-                mtp_losses = mtp_mod.losses(model, xy, hidden[0])[0]
-                total = loss + args.mtp_lambda / args.mtp_depth * sum(mtp_losses)
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
-        opt.step()
-        step += 1
-        tokens_seen += xy.shape[0] * seq_len
-        if step % args.eval_every == 0 or step == 1:
-            val_loss, bpb = evaluate(model, val_batches, enc)
-            eta = eta_s(budget, time.time() - t_start, step, args.max_steps)
-            mtp_s = f" | mtp {' '.join(f'{l.item():.2f}' for l in mtp_losses)}" if mtp_mod else ""
-            print(f"step {step:5d} | train {loss.item():.3f} | val {val_loss:.3f} ({bpb:.3f} bpb)"
-                  f"{mtp_s} | lr {lr:.2e} | {tokens_seen / (time.time() - t_log):,.0f} tok/s | "
-                  f"ETA {eta / 60:.1f} min", flush=True)
-            tokens_seen, t_log = 0, time.time()
-        if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
-            save(run_file)
-            t_saved = time.time()
-    val_loss, bpb = evaluate(model, val_batches, enc)
-    last = "none (no step was left)" if loss is None else f"{loss.item():.3f}"
-    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | final train {last} | "
-          f"val {val_loss:.3f} nats/token, {bpb:.3f} bits/byte")
-    save(out_path)  # with the optimizer: --resume can extend a finished run too
-    if os.path.exists(run_file):
-        os.remove(run_file)  # finished: nothing left to resume
-    print(f"saved {out_path}")
-    if args.quality_prompts:  # after the save: a Ctrl-C here loses only the report
-        model.eval()
-        q = quality_report(model, args.quality_prompts, args.quality_tokens)
-        ck = load_checkpoint(out_path)
-        ck["quality"] = q
-        save_checkpoint(out_path, ck)
+            mtps = mtp_mod.losses(model, xy, hidden[0])[0] if mtp_mod else []
+        total = loss + args.mtp_lambda / args.mtp_depth * sum(mtps) if mtps else loss
+        mtp_s = lambda: " | mtp " + " ".join(f"{l.item():.2f}" for l in mtps) if mtps else ""
+        return total, lambda: f"train {loss.item():.3f}{mtp_s()}"
+
+    def report():
+        nonlocal val_loss, bpb
+        val_loss, bpb = evaluate(model, val_batches, enc)
+        return f"val {val_loss:.3f} ({bpb:.3f} bpb)"
+
+    def save(path, step, elapsed):
+        save_checkpoint(path, dict(kind="target", config=cfg.__dict__,
+                                   state_dict=model.state_dict(),
+                                   mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
+                                   optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
+                                   args=vars(args), step=step, elapsed=elapsed,
+                                   val_loss=val_loss, bpb=bpb))
+    model.train()
+    train_loop(args, model, opt, params, args.grad_clip, lambda frac, step: lr_at(frac, step, args),
+               train_step, report, save, out_path, ck, path)
+    if args.quality_prompts:  # does it write code, or loop? A looping target flatters drafters
+        prompts = [enc.encode_ordinary(p) for p, _ in data.heldout_samples(args.quality_prompts)]
+        outs, _ = speculate.generate(model.eval(), prompts, None, max_new_tokens=128)
+        print(f"repeated 8-grams in 128 greedy tokens of {len(prompts)} held-out prompts: "
+              f"{np.mean([data.repeated_ngram_fraction(o, 8) for o in outs]):.1%} (real code ~2 %)")
     return model
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train the target model (optionally with native "
-                                "MTP heads).", formatter_class=DefaultsHelp)
+    p = argparse.ArgumentParser(description="Train the target.", formatter_class=DefaultsHelp)
     g = p.add_argument_group("model and output")
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model.py's PRESETS")
     g.add_argument("--out", default="out", help="the checkpoint goes to OUT/<preset>/target.pt")
     g.add_argument("--out-path", default=None, help="or here (e.g. out/cpu/draft.pt)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
-                   help="continue a run: alone, from its .run.pt (or its finished checkpoint, "
-                   "to extend with a larger --minutes); with FILE, from FILE. Weights, "
-                   "optimizer, step and clock continue; the model's shape is the file's")
+                   help="continue the run from its .run.pt (or finished checkpoint), or FILE")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
     g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batches")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
     g = p.add_argument_group("budget and optimisation")
     g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: "
                    + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MINUTES.items()) + ")")
-    g.add_argument("--max-steps", type=int, default=0,
-                   help="stop after this many steps (0: by the clock only)")
+    g.add_argument("--max-steps", type=int, default=0, help="step limit (0: the clock only)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None, help="default: the preset's context")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
@@ -307,11 +244,10 @@ def get_parser():
     g = p.add_argument_group("logging, evaluation and saving")
     g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
-    g.add_argument("--save-minutes", type=float, default=2.0, help="minutes between saves of "
-                   "the run in progress to <checkpoint>.run.pt (0: only the finished one)")
+    g.add_argument("--save-minutes", type=float, default=2.0,
+                   help="minutes between saves to <checkpoint>.run.pt (0: only at the end)")
     g.add_argument("--quality-prompts", type=int, default=32,
-                   help="held-out prompts for the quality report (0: none)")
-    g.add_argument("--quality-tokens", type=int, default=128, help="tokens per continuation")
+                   help="held-out prompts for the repetition report (0: none)")
     return p
 
 

@@ -2,24 +2,17 @@
 Train a drafter on a frozen target: `mtp` (post-hoc heads, mtp.py), `eagle` (draft_eagle.py)
 or `dflash` (draft_diffusion.py).
 
-1. Self-distillation data: the target's own continuations of training prompts, generated in
-   batches through the KV cache (speculate.generate, plain decoding), cached in --out-dir as
-   distill_<target hash>_<settings>.pt. A drafter should learn what *this* target says, not
-   what the corpus says: that is what its drafts are verified against (DFlash sec. 4, EAGLE).
-   By default half the continuations are greedy (T = 0) and half sampled (T = 1), because the
-   benchmark runs at both temperatures and a weak target's greedy text loops.
-2. Training: the target stays frozen (embedding and head included); its hidden states on the
-   data are computed once and kept in memory. Every drafter model exposes `hidden_layers`
-   (which target layers it reads), `loss(target, tokens, feats, label_from)` -> (loss, stats)
-   with per-position top-1 agreement counts, and `config_dict()` (its constructor's keywords).
-   By default the prompt's next tokens are scored too (label_from = 0); --continuation-only
-   scores the target's text alone, as the papers do. AdamW, cosine schedule, 4 % warm-up,
-   clip 1.0 (the DFlash paper's recipe) for every method; batch size and peak rate per method
-   (RECIPE below: what the reference weights used).
-3. The checkpoint, <method>.pt in --out-dir, records the hash of the target it was trained for;
-   loading it against another target is an error. As train.py, a run saves to <method>.run.pt
-   every --save-minutes, and the same command plus --resume continues it. A distillation cut
-   short is simply made again.
+1. Self-distillation data (DFlash sec. 4, EAGLE): a drafter should learn what *this* target
+   says, which its drafts are verified against, so the data is the target's own continuations
+   of training prompts, half greedy and half at T = 1 (the benchmark runs both, and a weak
+   target's greedy text loops), cached as <out-dir>/distill_<target hash>_<settings>.pt.
+2. Training: the target stays frozen; its hidden states on the data are computed once. Each
+   drafter model has `hidden_layers` (the target layers it reads), `loss(target, tokens, feats,
+   label_from)` -> (loss, per-position top-1 agreement counts) and `config_dict()`. The prompt's
+   next tokens are scored too unless --continuation-only (as the papers do). The DFlash paper's
+   recipe for every method (AdamW, 4 % warm-up, cosine, clip 1.0); batch and lr per method.
+3. <out-dir>/<method>.pt records its target's hash (another target refuses it). The loop is
+   train.py's: a save to <method>.run.pt every --save-minutes, and --resume continues.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash
@@ -40,20 +33,16 @@ from data import DefaultsHelp, check_writable
 from draft_diffusion import DFlash
 from draft_eagle import Eagle
 from mtp import PostHocMTP
-from train import check_args, eta_s, resume_path, run_path
-
-# -----------------------------------------------------------------------------
-# self-distillation data
+from train import check_args, resume_path, train_loop
 
 
 @torch.no_grad()
 def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train",
                        batch=32):
-    """(n_seqs, prompt_len + gen_len) int64: random corpus windows continued by the target, the
-    batches cycling through the temperatures."""
+    """(N, prompt_len + gen_len) int64: corpus windows continued by the target, the batches
+    cycling through the temperatures, with progress and ETA."""
     tokens = data.load_tokens(split)
-    g = torch.Generator().manual_seed(seed)
-    out, t0 = [], time.time()
+    g, out, t0 = torch.Generator().manual_seed(seed), [], time.time()
     for i in range(0, n_seqs, batch):
         ix = torch.randint(len(tokens) - prompt_len, (min(batch, n_seqs - i),), generator=g)
         prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix.tolist()]
@@ -77,8 +66,7 @@ def temperature_list(text):
 
 
 def get_distill_data(target, args, target_hash):
-    """The cached data when every setting that shapes it matches (all are in the file name),
-    else built and saved."""
+    """The cached data if every setting that shapes it (in the file name) matches, else built."""
     temps = [float(t) for t in args.distill_temperatures.split(",")]
     name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+"
             f"{args.gen_len}_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
@@ -91,24 +79,21 @@ def get_distill_data(target, args, target_hash):
         except Exception as e:  # a torn file (a copy cut short, a full disk)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             print(f"distill: {path} is not usable ({why}); building it again")
-    train = build_distill_data(target, args.n_seqs, args.prompt_len, args.gen_len, temps,
-                               seed=args.seed)
-    val = build_distill_data(target, args.n_val_seqs, args.prompt_len, args.gen_len, temps,
-                             seed=args.seed + 1, split="val")
-    save_checkpoint(path, {"train": train, "val": val})
-    return train, val
+    d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
+                                   seed=args.seed + k, split=split)
+         for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
+    save_checkpoint(path, d)
+    return d["train"], d["val"]
 
 
-# -----------------------------------------------------------------------------
-# the drafter models, by method
-
-# Per-method defaults of --batch-size, --lr and --loss-decay: the recipe of the reference weights
-# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small batches
-# at a high rate; DFlash kept the paper's rate and batch, and gained from a faster loss decay
-# than its 7.
+# Per-method defaults of --batch-size, --lr, --loss-decay: the reference weights' recipe
+# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small
+# batches at a high rate; DFlash kept the paper's, with a faster loss decay than its 7.
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
 MODELS = {"mtp": PostHocMTP, "eagle": Eagle, "dflash": DFlash}
+# one flag's RECIPE values, for --help (so that it cannot go stale)
+recipe_of = lambda key: ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
 def dflash_features(args, n_layer):
@@ -116,21 +101,18 @@ def dflash_features(args, n_layer):
     fewer). More than the target has is refused: feature_layers would cut it without a word."""
     n = min(5, n_layer) if args.dflash_features is None else args.dflash_features
     if not 1 <= n <= n_layer:
-        raise ValueError(f"--dflash-features must be in 1..{n_layer} (the target's layers), "
-                         f"got {n}")
+        raise ValueError(f"--dflash-features must be in 1..{n_layer} (target layers), got {n}")
     return n
 
 
 def check_block_args(args):
-    """DFlash's --block-size and --loss-decay. A block anchored at a labels a+1..a+S-1, and the
-    first anchor is 1, or the prompt's last token with --continuation-only: a longer block has
-    slots no sequence ever labels."""
+    """DFlash's --block-size and --loss-decay. A block anchored at a labels a+1..a+S-1 and the
+    first anchor is 1 (with --continuation-only the prompt's last): no slot may go unlabelled."""
     first = max(1, args.prompt_len - 1) if args.continuation_only else 1
     longest = args.prompt_len + args.gen_len - first
     if not 2 <= args.block_size <= longest:
-        raise ValueError(f"--block-size must be in 2..{longest} (a block labels the S-1 positions "
-                         f"after its anchor, and a sequence's first anchor has {longest - 1} after "
-                         f"it), got {args.block_size}")
+        raise ValueError(f"--block-size must be in 2..{longest} (a block labels the S-1 "
+                         f"positions after its anchor), got {args.block_size}")
     if args.loss_decay is not None and not args.loss_decay > 0:  # 0 fell back to the default
         raise ValueError(f"--loss-decay must be > 0, got {args.loss_decay}")
 
@@ -148,188 +130,134 @@ def make_drafter_model(method, target, args):
 
 @torch.no_grad()
 def cached_features(target, tokens, layers, batch=32):
-    """Concatenated hidden states (N, T, len(layers) * C) of the frozen target on every
-    sequence, computed once: the target is frozen and the data fixed, so recomputing them each
-    step would be waste (on 2 CPU cores: 12 % of an eagle step, 27 % of mtp's, half of
-    dflash's)."""
+    """The frozen target's hidden states (N, T, len(layers) * C), computed once: each step
+    recomputing them was 12 % of an eagle step on 2 CPU cores, 27 % of mtp's, half of dflash's."""
     t0 = time.time()
     feats = torch.cat([torch.cat(target(tokens[i:i + batch], hidden_layers=layers)[1], -1)
                        for i in range(0, len(tokens), batch)])
-    gib = feats.numel() * feats.element_size() / 2**30
-    print(f"target features of layers {layers}: {tuple(feats.shape)}, {gib:.2f} GiB "
-          f"in {time.time() - t0:.0f} s")
+    print(f"target features of layers {layers}: {tuple(feats.shape)} in {time.time() - t0:.0f} s")
     return feats
 
 
 @torch.no_grad()
 def evaluate(model, target, val, val_feats, batch_size, label_from):
-    """Mean held-out loss and per-position agreement. Whatever the loss draws at random (DFlash's
-    anchors) is drawn the same at every evaluation, so the logged curve shows the model, not the
-    draw, and training's own random stream does not depend on how often it evaluates."""
+    """Mean held-out loss and per-position agreement. The loss's random draws (DFlash's anchors)
+    are the same at every call (the curve shows the model), and training's stream is untouched."""
     model.eval()
-    agree, count, losses = 0, 0, []
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        for i in range(0, len(val), batch_size):
-            loss, st = model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size],
-                                  label_from=label_from)
-            losses.append(loss.item())
-            agree, count = agree + st["agree"], count + st["count"]
+        out = [model.loss(target, val[i:i + batch_size], val_feats[i:i + batch_size],
+                          label_from=label_from) for i in range(0, len(val), batch_size)]
     model.train()
-    return float(np.mean(losses)), (agree / count.clamp(min=1)).tolist()
+    agree, count = sum(st["agree"] for _, st in out), sum(st["count"] for _, st in out)
+    return float(np.mean([loss.item() for loss, _ in out])), (agree / count.clamp(min=1)).tolist()
+
+
+def lr_at(frac, lr, warm=0.04):
+    """The DFlash paper's: linear warm-up over the first 4 % of the run, then cosine to zero."""
+    cos = 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm)))
+    return lr * (frac / warm if frac < warm else cos)
 
 
 def default_out_dir(target_path):
     """Beside the target, except for the committed reference weights, which a default never
     overwrites: drafters for weights/<preset>/target.pt go to out/<preset>/weights/."""
     folder = os.path.dirname(os.path.abspath(target_path))
-    if os.path.dirname(folder) == os.path.abspath(data.WEIGHTS_DIR):
-        return os.path.join(data.DATA_OUT, os.path.basename(folder), "weights")
-    return folder
+    committed = os.path.dirname(folder) == os.path.abspath(data.WEIGHTS_DIR)
+    return os.path.join(data.DATA_OUT, os.path.basename(folder), "weights") if committed else folder
 
 
 def apply_recipe(args):
     """Flags left unset take the method's RECIPE; flags given win."""
     for k, v in RECIPE[args.method].items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+        setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     return args
-
-
-def recipe_of(key):
-    """RECIPE's value of one flag, per method, for --help (so the help cannot go stale)."""
-    return ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
 def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every",
                       "mtp_depth", "ttt_steps", "dflash_layers", "anchors"])
-    if args.method == "dflash":
-        check_block_args(args)
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = get_device(args.device)
-    target = load_target(args.target, device=device)
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target = load_target(args.target, device=device).requires_grad_(False)
     if args.prompt_len + args.gen_len >= target.cfg.max_seq_len:  # generate keeps one free
         raise ValueError(f"--prompt-len + --gen-len must be below the target's context of "
                          f"{target.cfg.max_seq_len}, got {args.prompt_len} + {args.gen_len}")
     if args.method == "dflash":  # refused here, before the distillation, and recorded resolved
+        check_block_args(args)
         args.dflash_features = dflash_features(args, target.cfg.n_layer)
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), "
           f"device {device}")
     if args.method == "mtp" and target.ckpt.get("mtp_state_dict"):  # load_drafter prefers them
-        print("NOTE: this target has native MTP heads, which bench.py and sample.py use for mtp "
-              "instead of the post-hoc heads trained here")
-    path = os.path.join(args.out_dir, f"{args.method}.pt")
-    ck = None
+        print("NOTE: this target has native MTP heads, which bench.py and sample.py use instead")
+    path, ck, resume = os.path.join(args.out_dir, f"{args.method}.pt"), None, None
     if args.resume is not None:  # checked before the distillation, which takes minutes
         resume = resume_path(args.resume, path)
         ck = load_checkpoint(resume, kind=args.method)
         if ck.get("target_hash") != th:
-            raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, "
-                             f"not this one ({th})")
+            raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, not {th}")
     check_writable(path)
-    train, val = get_distill_data(target, args, th)
-    train, val = train.to(device), val.to(device)  # (N, T) token ids
+    train, val = (x.to(device) for x in get_distill_data(target, args, th))  # (N, T) token ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
     print(f"distill data: {tuple(train.shape)} train, {tuple(val.shape)} val sequences")
 
-    if ck is None:
-        model = make_drafter_model(args.method, target, args).to(device)
-    else:  # the shape is the checkpoint's, whatever the model flags say now
-        model = MODELS[args.method](target.cfg, **ck["config"]).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"{args.method}: {n_params / 1e6:.2f}M trainable params, "
+    # a resumed model's shape is the checkpoint's, whatever the model flags say now
+    model = (MODELS[args.method](target.cfg, **ck["config"]) if ck
+             else make_drafter_model(args.method, target, args)).to(device)
+    params = list(model.parameters())
+    print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
-    train_feats = cached_features(target, train, model.hidden_layers)  # (N, T, layers * C)
-    val_feats = cached_features(target, val, model.hidden_layers)
+    train_feats, val_feats = (cached_features(target, x, model.hidden_layers) for x in (train, val))
     # betas as train.py's; the light weight decay (train.py's default is 0.1) was not swept
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, elapsed = 0, 0.0
-    if ck is not None:
-        model.load_state_dict(ck["state_dict"])
-        if "optimizer" in ck:
-            opt.load_state_dict(ck["optimizer"])
-        else:  # checkpoint.py's export drops it
-            print(f"NOTE: {resume} holds no optimizer state (an exported checkpoint): AdamW "
-                  "starts afresh")
-        step, elapsed = ck.get("step", 0), ck.get("elapsed", 0.0)
-        print(f"resuming {resume} at step {step} ({elapsed / 60:.1f} min in)")
-    budget, warm, run_file = args.minutes * 60, 0.04, run_path(path)
-    per_epoch = max(1, len(train) // args.batch_size)  # full batches; the rest sits out the epoch
-    t0, t_saved, acc = time.time() - elapsed, time.time(), None
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    per_epoch, acc = max(1, len(train) // args.batch_size), None  # the rest sits out an epoch
 
-    def save(path):
-        save_checkpoint(path, dict(kind=args.method, config=model.config_dict(),
-                                   state_dict=model.state_dict(), target_hash=th,
-                                   tokenizer=data.tokenizer_hash(), args=vars(args),
-                                   optimizer=opt.state_dict(), step=step,
-                                   elapsed=time.time() - t0, train_minutes=(time.time() - t0) / 60,
-                                   val_agreement=acc))
-    while True:
-        frac = (time.time() - t0) / budget
-        if args.max_steps:
-            frac = max(frac, step / args.max_steps)
-        if frac >= 1:
-            break
-        # warm-up over the first 4 % of the budget, then cosine to zero
-        cos = 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm)))
-        lr = args.lr * (frac / warm if frac < warm else cos)
-        for group in opt.param_groups:
-            group["lr"] = lr
+    def train_step(step):
         # the data order is a function of (seed, epoch), so a resumed run needs no state for it
         epoch, j = divmod(step, per_epoch)
         order = torch.Generator().manual_seed(args.seed + epoch)
         perm = torch.randperm(len(train), generator=order)
         idx = perm[j * args.batch_size:(j + 1) * args.batch_size].to(device)
-        loss, st = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % args.eval_every == 0 or step == 1:
-            vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
-            eta = eta_s(budget, time.time() - t0, step, args.max_steps)
-            print(f"step {step:5d} | epoch {epoch} | train {loss.item():.3f} | val {vl:.3f} | "
-                  f"lr {lr:.1e} | top-1 agreement per position "
-                  f"{' '.join(f'{a:.2f}' for a in acc[:16])} | ETA {eta / 60:.1f} min", flush=True)
-        if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
-            save(run_file)
-            t_saved = time.time()
-    vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
-    print(f"done: {step} steps, {-(-step // per_epoch)} epochs in {(time.time() - t0) / 60:.1f} "
-          f"min | val {vl:.3f} | agreement {' '.join(f'{a:.2f}' for a in acc[:16])}")
-    save(path)  # with the optimizer: --resume can extend a finished run too
-    if os.path.exists(run_file):
-        os.remove(run_file)  # finished: nothing left to resume
+        loss, _ = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
+        return loss, lambda: f"epoch {epoch} | train {loss.item():.3f}"
+
+    def report():
+        nonlocal acc
+        vl, acc = evaluate(model, target, val, val_feats, args.batch_size, label_from)
+        agree = " ".join(f"{a:.2f}" for a in acc[:16])
+        return f"val {vl:.3f} | top-1 agreement per position {agree}"
+
+    def save(path, step, elapsed):
+        save_checkpoint(path, dict(kind=args.method, config=model.config_dict(),
+                                   state_dict=model.state_dict(), target_hash=th,
+                                   tokenizer=data.tokenizer_hash(), args=vars(args),
+                                   optimizer=opt.state_dict(), step=step, elapsed=elapsed,
+                                   train_minutes=elapsed / 60, val_agreement=acc))
+    train_loop(args, model, opt, params, 1.0, lambda frac, step: lr_at(frac, args.lr), train_step,
+               report, save, path, ck, resume)
 
     def short(p):  # relative, unless that climbs out of here (no ../../tmp/...)
         rel = os.path.relpath(p)
         return os.path.abspath(p) if rel.split(os.sep)[0] == os.pardir else rel
-    print(f"saved {path}")
     print(f"measure it: python bench.py --target {short(args.target)} --weights "
           f"{short(args.out_dir)} --methods {args.method}")
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train a drafter (mtp / eagle / dflash) on a frozen "
-                                "target.", formatter_class=DefaultsHelp)
+    p = argparse.ArgumentParser(description="Train a drafter on a frozen target.",
+                                formatter_class=DefaultsHelp)
     p.add_argument("--method", required=True, choices=list(MODELS), help="which drafter")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint (default: the committed weights/cpu/target.pt; "
-                   "train.py writes out/cpu/target.pt)")
+                   help="target checkpoint (default: the committed weights/cpu/target.pt)")
     p.add_argument("--out-dir", default=None, help="for the drafter and the distillation data "
                    "(default: beside the target; out/<preset>/weights for weights/<preset>/)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the distilled prompts and "
-                   "samples, the initial weights, the data order and the anchors")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, weights and anchors")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
     g = p.add_argument_group("self-distillation data")
     g.add_argument("--n-seqs", type=int, default=1024, help="training prompts to continue")
@@ -340,35 +268,26 @@ def get_parser():
                    help="cycled over the generation batches of 32 continuations")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
-    g.add_argument("--max-steps", type=int, default=0,
-                   help="stop after this many steps (0: by the clock only)")
+    g.add_argument("--max-steps", type=int, default=0, help="step limit (0: the clock only)")
     g.add_argument("--batch-size", type=int, default=None,
                    help=f"sequences per step (default: {recipe_of('batch_size')})")
-    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: "
-                   f"{recipe_of('lr')}; for dflash the paper's, which 2e-3 did not beat)")
+    g.add_argument("--lr", type=float, default=None, help=f"peak lr (default: {recipe_of('lr')})")
     g.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
-    g.add_argument("--save-minutes", type=float, default=2.0, help="minutes between saves of "
-                   "the run in progress to out-dir/<method>.run.pt (0: only the finished one)")
+    g.add_argument("--save-minutes", type=float, default=2.0,
+                   help="minutes between saves to <method>.run.pt (0: only at the end)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
-                   help="continue a run: alone, from its .run.pt (or the finished <method>.pt, "
-                   "to extend with a larger --minutes); with FILE, from FILE. Weights, "
-                   "optimizer, step and clock continue; the model's shape is the file's")
-    g.add_argument("--continuation-only", action="store_true",
-                   help="score the target's continuation only, not the prompt's next tokens "
-                   "(the committed dflash used it: docs/experiments.md has what it changed)")
+                   help="continue the run from its .run.pt (or finished <method>.pt), or FILE")
+    g.add_argument("--continuation-only", action="store_true", help="score the target's text only")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")
     g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
-    g.add_argument("--dflash-features", type=int, default=None, help="dflash: target layers "
-                   "tapped (default: 5, or every layer of a target with fewer)")
+    g.add_argument("--dflash-features", type=int, default=None,
+                   help="dflash: target layers read (default: 5, or all of a smaller target)")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size S (S-1 drafts)")
-    g.add_argument("--loss-decay", type=float, default=None, help="dflash: block position k's "
-                   f"loss weight is exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')}; it "
-                   "beat the paper's 7 for S = 16, whose values are 5 for S = 10, 4 for S = 8)")
-    g.add_argument("--anchors", type=int, default=8, help="dflash: blocks per sequence per "
-                   "step (fewer than the paper's: its many anchors amortise a target forward "
-                   "that runs here only once; 8 beat 32 on the cpu preset)")
+    g.add_argument("--loss-decay", type=float, default=None, help="dflash: position k's loss "
+                   f"weight is exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')})")
+    g.add_argument("--anchors", type=int, default=8, help="dflash: blocks per sequence per step")
     return p
 
 
