@@ -38,7 +38,10 @@ def load(verbose=False):
     global _emu
     if _emu is None:
         from torch.utils import cpp_extension
-        build_dir = kernels._build_dir(NAME)
+        build_dir = kernels.BUILD_ROOT / NAME
+        build_dir.mkdir(parents=True, exist_ok=True)
+        if not (build_dir / f"{NAME}.so").exists():  # g++ is silent for half a minute
+            print(f"emu: building {NAME} into {build_dir} (later runs reuse it)", flush=True)
         sources = [str(kernels.HERE / "ext.cpp")]
         for src in kernels.SOURCES[1:]:  # the .cu files
             # the dropped include lines stay empty, so that line numbers stay those of the .cu
@@ -75,7 +78,8 @@ def main(argv=None):
     try:
         ext = load(verbose=args.verbose)
     except Exception as e:
-        print(f"emu: the emulated build failed: {kernels._failure(e)}")
+        last = (str(e).strip().splitlines() or [""])[-1]  # the compiler's output: --verbose
+        print(f"emu: the emulated build failed: {type(e).__name__}: {last}")
         return 1
     if args.run:
         install(ext)

@@ -52,7 +52,7 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the te
   echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
   [ "$rc" -eq 0 ] || failed=1
   # a step cut off by its limit mid-build leaves torch's build lock behind, and each later step
-  # would wait on it (kernels._build_dir, up to STALE_LOCK_S); no build runs between steps
+  # would wait on it forever (torch's cpp_extension.load); no build runs between steps
   rm -f out/cuda_build/*/lock
 }
 

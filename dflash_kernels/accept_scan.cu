@@ -1,61 +1,19 @@
-// accept_scan: the acceptance scan of speculative decoding (DESIGN.md sec. 5, Leviathan et al.
-// 2023, arXiv 2211.17192; p = target, q = draft) in one launch instead of several
-// vocabulary-sized PyTorch passes. Same semantics as speculate.accept_scan_ref.
-//
+// accept_scan: the acceptance scan of speculative decoding (Leviathan et al. 2023, arXiv
+// 2211.17192; p = target, q = draft) in one launch; the semantics of speculate.accept_scan_ref.
 // shapes: p        (B, K+1, V)  greedy: raw logits (float64/32/16, bfloat16); sampling: probs
 //         drafts   (B, K) int64 d_1..d_K; negative = an empty slot (speculate.NO_DRAFT)
 //         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
 //         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
 //         returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
-// Greedy:   accept d_i while d_i == argmax p_i; emit argmax at the first mismatch, or the bonus
-//           argmax p_{K+1}. Ties go to the lowest index and NaN counts as the maximum, like
-//           torch.argmax. An empty slot never equals an argmax, so needs no code.
+// Greedy:   accept d_i while d_i == argmax p_i (ties: the lowest index; NaN is the maximum); emit
+//           the argmax at the first mismatch, or the bonus argmax p_{K+1}.
 // Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
-//           CDF from the residual r = max(0, p_n - q_n) (the bonus p_{K+1} if n = K; p_n itself if
-//           r has no mass or slot n is empty): the first j with cdf_j > u_K * cdf_{V-1}
-//           (torch.searchsorted right=True; such a j always has r_j > 0, which the kernel also
-//           requires, and where rounding leaves no such j it takes the last j with r_j > 0; the
-//           reference, whose sums agree with themselves, may pick another there). An empty slot
-//           is rejected.
-//           (p, q arrive as float32: ext.cpp converts other dtypes, as the reference's .float().)
-//
-// NOTE float rounding: torch.cumsum on CPU runs ONE sequential double-precision sum and rounds
-// each prefix to float32. Here a block scans tiles of blockDim elements in order, in double,
-// and rounds each prefix to float32 the same way, so the prefixes are the same doubles up to
-// reassociation inside a tile (~1e-16 relative). They can round to a different float32 only
-// when a prefix sits within ~1e-16 of a float32 rounding boundary, and that only matters when
-// u * total lands between the two candidates: rare, but not impossible. Measured under
-// dev/emu.h, which adds in this kernel's order: 0 of 19,200 draws from unquantized softmax
-// rows (V = 4099, sample_q and argmax drafts) differed from the CPU reference.
-// The tests make it impossible: their probabilities are multiples of 2^-16, so every partial
-// sum is exact in float32 and all orders agree bit for bit.
-// On GPU tensors the reference itself differs again: torch.cumsum on CUDA scans in float32, in
-// parallel. All three are the same sampler up to float rounding; bit-equality is promised
-// against the CPU reference.
-//
-// Kernel versions:
-//   kernel1  one block per row. Greedy: positions in order, one block argmax per position, and
-//            stop at the first mismatch (positions after it are never read). Sampling: thread 0
-//            runs the K ratio tests, then the block makes the residual's total, then scans the
-//            residual tile by tile and stops at the tile that crosses u * total. Sampling's
-//            kernel; for greedy, only the faster at K = 1 (below).
-//   kernel2  greedy only: one block per (position, row), so B = 1 runs K + 1 blocks, not one;
-//            every block writes its argmax to a workspace, and the last block of a row (a ticket
-//            counter, threadfence pattern) does the scan. Reads all K+1 positions. Sampling
-//            has one kernel (only the emitted row is vocabulary-sized); version 2 runs kernel1.
-//            Default (kernels.DEFAULT_VERSION). Measured on an H200 (`python -m dflash_kernels`,
-//            float32 logits, ms kernel1 / kernel2): B x K x V = 1x15x4099 0.057 / 0.037,
-//            32x15x4099 0.054 / 0.030, 1x15x151936 0.632 / 0.087 (one block reading 16 rows
-//            of 152k one after another), 32x15x151936 1.99 / 0.17; at K = 1 kernel1 wins,
-//            1x1x97 0.015 / 0.034 and 3x1x4099 0.016 / 0.026, the ticket's cost. Drafters run
-//            K = 3 to 15.
-//
-// Self-check (validates every version against the reference, then times):
-//   python -m dflash_kernels --op accept_scan
-// Compile check only: nvcc -arch=sm_90 -c dflash_kernels/accept_scan.cu (python dev/nvcc_check.py)
+//           CDF from r = max(0, p_n - q_n) (p_{K+1} if n = K; p_n if r has no mass or slot n is
+//           empty): the first j with r_j > 0 and cdf_j > u_K * cdf_{V-1}, cdf in float32 (README).
+// kernel1: a block per row, positions in order up to the first mismatch; sampling's only kernel.
+// kernel2: greedy, the default: a block per (position, row), the last of a row (a ticket) scans
+// the argmaxes; faster at K = 15, kernel1 at K = 1. Run: python -m dflash_kernels (validate, time)
 
-// Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
-// tensors are unpacked and checked in ext.cpp, which passes raw pointers and workspaces.
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -63,18 +21,13 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-
 #include <cstdint>
 #include <type_traits>
 
 constexpr int kThreads = 512;  // per block; must be a multiple of 32
 constexpr int kWarps = kThreads / 32;
 
-// -----------------------------------------------------------------------------
-// block-wide building blocks
-
-// torch.argmax's order: NaN beats everything, then larger values, ties -> lower index. A total
-// order, so any reduction tree gives the same answer as torch's.
+// torch.argmax's order, NaN first, then larger, ties -> lower index: total, so any tree agrees
 template <typename acc_t>
 __device__ __forceinline__ bool better(acc_t a, int64_t ia, acc_t b, int64_t ib) {
   const bool na = isnan(a), nb = isnan(b);
@@ -82,8 +35,7 @@ __device__ __forceinline__ bool better(acc_t a, int64_t ia, acc_t b, int64_t ib)
   return a > b || (a == b && ia < ib);
 }
 
-// argmax over x[0..V) by the whole block; every thread gets the answer. Compared in float32
-// (exact for half and bfloat16), in double for double: float32 would tie distinct values.
+// argmax over x[0..V) by the block, for every thread; in float32, or double for double
 template <typename scalar_t>
 __device__ int64_t block_argmax(const scalar_t* __restrict__ x, int64_t V) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -144,15 +96,11 @@ __device__ double block_inclusive_scan(double x, double* total) {
   return x;
 }
 
-// -----------------------------------------------------------------------------
-// kernels
-
 // greedy, one block per row, early exit at the first mismatch
 template <typename scalar_t>
-__global__ void accept_greedy_kernel1(const scalar_t* __restrict__ p,
-                                      const int64_t* __restrict__ drafts,
-                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
-                                      int K, int64_t V) {
+__global__ void accept_greedy_kernel1(
+    const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
+    int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
   const int64_t b = blockIdx.x;
   for (int i = 0; i <= K; i++) {
     const int64_t best = block_argmax(p + (b * (K + 1) + i) * V, V);  // the same in every thread
@@ -164,10 +112,9 @@ __global__ void accept_greedy_kernel1(const scalar_t* __restrict__ p,
 
 // greedy, one block per (position i, row b); the last block of a row scans the row's argmaxes
 template <typename scalar_t>
-__global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p,
-                                      const int64_t* __restrict__ drafts,
-                                      int64_t* best, int* tickets, int64_t* __restrict__ n_out,
-                                      int64_t* __restrict__ next_out, int K, int64_t V) {
+__global__ void accept_greedy_kernel2(
+    const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts, int64_t* best,
+    int* tickets, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
   const int64_t i = blockIdx.x, b = blockIdx.y;
   const int64_t arg = block_argmax(p + (b * (K + 1) + i) * V, V);
   __shared__ bool last;
@@ -179,8 +126,7 @@ __global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p,
   __syncthreads();
   if (last && threadIdx.x == 0) {
     __threadfence();
-    // volatile: read what other blocks wrote, not a stale L1 copy
-    const volatile int64_t* row = best + b * (K + 1);
+    const volatile int64_t* row = best + b * (K + 1);  // volatile: not a stale L1 copy
     int n = K;
     for (int j = 0; j < K; j++)
       if (row[j] != drafts[b * K + j]) { n = j; break; }
@@ -189,11 +135,10 @@ __global__ void accept_greedy_kernel2(const scalar_t* __restrict__ p,
 }
 
 // sampling, one block per row: ratio test, residual, inverse CDF
-__global__ void accept_sample_kernel1(const float* __restrict__ p,
-                                      const int64_t* __restrict__ drafts,
-                                      const float* __restrict__ q, const float* __restrict__ u,
-                                      int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
-                                      int K, int64_t V) {
+__global__ void accept_sample_kernel1(
+    const float* __restrict__ p, const int64_t* __restrict__ drafts, const float* __restrict__ q,
+    const float* __restrict__ u, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
+    int K, int64_t V) {
   const int64_t b = blockIdx.x, K1 = K + 1;
   __shared__ int s_n;
   // K is small (15 for a 16-slot DFlash block): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
@@ -211,13 +156,11 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p,
   }
   __syncthreads();
   const int n = s_n;
-  // the emitted token's distribution: residual max(0, p_n - q_n); no q after the last draft,
-  // none at an empty slot (there it is p_n itself)
+  // emit from max(0, p_n - q_n); from p_n itself after the last draft or at an empty slot
   const bool drafted = n < K && drafts[b * K + n] >= 0;
   const float* p_n = p + (b * K1 + n) * V;
   const float* q_n = (q && drafted) ? q + (b * K + n) * V : nullptr;
-  // argmax drafts: q_n one-hot at d_n
-  const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;
+  const int64_t d_n = (!q && drafted) ? drafts[b * K + n] : -1;  // argmax drafts: q_n one-hot
   auto residual = [&](int64_t j) {
     const float d = p_n[j] - (q_n ? q_n[j] : (j == d_n ? 1.0f : 0.0f));
     return d < 0.0f ? 0.0f : d;  // clamp(min=0); NaN passes, like torch's clamp
@@ -232,7 +175,6 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p,
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += p_n[j];
     block_inclusive_scan(part, &total);
   }
-  // NOTE: this total is reassociated; the reference's cdf[-1] is a sequential sum (header)
   const float target = u[b * K1 + K] * static_cast<float>(total);
   // pass 2: tiles in order; the first j whose float32-rounded running sum exceeds the target
   __shared__ int64_t s_first;
@@ -246,8 +188,7 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p,
     const double x = j < V ? (use_p ? p_n[j] : residual(j)) : 0.0;
     double tile;
     const double cdf = carry + block_inclusive_scan(x, &tile);
-    // x > 0: a zero-mass token is never first, even where the tile's tree scan rounded its
-    // running sum a hair above its neighbour's (the reference's sequential sum stays flat there)
+    // x > 0: never a zero-mass token, even where the tree scan rounded a flat running sum up
     if (j < V && x > 0.0) {
       last = j;
       if (static_cast<float>(cdf) > target)
@@ -257,10 +198,8 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p,
     __syncthreads();
     if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first
   }
-  // No token crossed, though u < 1: pass 1's total rounded above pass 2's last running sum
-  // (contrived inputs, tests/test_kernels.py builds one). The target then sits at the very top of
-  // the distribution: take the last token with mass, never a zero-mass V - 1. A NaN target
-  // crosses nowhere and keeps V - 1, like the reference's searchsorted.
+  // none crossed (pass 1's total rounded above pass 2's sums: contrived inputs): the last token
+  // with mass, never a zero-mass V - 1; a NaN target keeps V - 1, like searchsorted
   if (s_first == V && target == target) {  // block-uniform: s_first was read after a barrier
     if (last >= 0) atomicMax(&s_last, (unsigned long long)(last + 1));
     __syncthreads();
@@ -269,11 +208,7 @@ __global__ void accept_sample_kernel1(const float* __restrict__ p,
     n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
 }
 
-// -----------------------------------------------------------------------------
-// launchers; the tensors are checked and unpacked by the caller (ext.cpp): all contiguous on
-// `device`; p (and q) are float32 when sampling (u != nullptr); best (B, K+1) int64 and
-// tickets (B,) int32 zeros are kernel2's workspaces
-
+// launchers: ext.cpp checks the tensors and makes kernel2's workspaces best, tickets (zeros)
 template <typename scalar_t>
 static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next,
                           int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V, int version,
@@ -292,9 +227,8 @@ void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* dra
                       const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
                       int* tickets, int64_t B, int64_t K, int64_t V, int version, int device) {
   if (B == 0) return;  // a launch with zero blocks is an error
-  // launch on the tensors' GPU, on torch's current stream (= at::cuda::getCurrentCUDAStream)
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // the tensors' GPU
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // torch's current stream
   if (u != nullptr) {
     accept_sample_kernel1<<<B, kThreads, 0, stream>>>(
         (const float*)p, drafts, q, u, n, next, (int)K, V);

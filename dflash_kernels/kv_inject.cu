@@ -1,37 +1,16 @@
-// kv_inject: write new context K/V of ALL drafter layers into the DFlash drafter's cache at
-// per-row offsets, rotating K by RoPE at the absolute positions, in one launch
-// (DESIGN.md sec. 6 "KV injection", sec. 7). Replaces the reference's
-// RoPE + gather + nonzero + index_put (draft_diffusion.kv_inject_ref, with its host syncs).
-//
-// For every l, b, h and t < counts[b], with pos = offsets[b] + t:
+// kv_inject: write the new context K/V of ALL drafter layers into the DFlash drafter's cache at
+// per-row offsets, K rotated by RoPE, in one launch (DESIGN.md sec. 6; the reference is
+// draft_diffusion.kv_inject_ref). For every l, b, h and t < counts[b], with pos = offsets[b] + t:
 //   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)   (rotate-half, model.apply_rope)
-//   cache_v[l, b, h, pos, :] = new_v[l, b, t, h, :]
-// and nothing else in the cache changes.
-//
+//   cache_v[l, b, h, pos, :] = new_v[l, b, t, h, :]              and nothing else changes
 // shapes: cache_k, cache_v (L, B, H, T_max, D)   float32 / float16 / bfloat16, contiguous
 //         new_k, new_v     (L, B, T_new, H, D)   same dtype; k already k-normed, not rotated
 //         offsets, counts  (B,) int64            counts[b] in [0, T_new]
 //         cos, sin         (P, D/2) float32      RoPE tables (model.rope_table)
-// RoPE is computed in float32 with explicitly rounded multiplies and adds (__fmul_rn etc., so
-// nvcc cannot fuse them into FMAs) and rounded once to the cache dtype: bit-exact with
-// draft_diffusion.kv_inject_ref, which does the same float32 math in PyTorch.
-//
-// Kernel versions:
-//   kernel1  one thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; the index runs
-//            fastest over i, so a warp reads new_k contiguously and writes a contiguous
-//            half-row of the cache. The op is a memory-bound copy; one version is enough
-//            until a profile says otherwise (a vectorised 16-byte variant is the next step).
-// Bounds: offsets/counts are on the device, so they are checked here, not on the host (a
-// host check would cost a sync per call): a row that would write outside the cache or the
-// RoPE tables, or whose count is outside [0, T_new], is skipped and trips a device-side
-// assert, as torch's own index kernels do. (The reference's checks, on every row; only when
-// nothing is launched, with T_new, L, H or D = 0, does a bad offset pass unnoticed.)
-//
-// Self-check (validates against the reference, then times): python -m dflash_kernels --op kv_inject
-// Compile check only: nvcc -arch=sm_90 -c dflash_kernels/kv_inject.cu (python dev/nvcc_check.py)
+// kernel1: a thread per (l, b, t, h, i < D/2) rotation pair, grid-stride. RoPE products rounded
+// apart (__fmul_rn: no FMA): bit-exact with the reference. A row out of bounds is skipped and trips
+// a device-side assert (a host check costs a sync). Run: python -m dflash_kernels
 
-// Only light c10 headers (no ATen): nvcc compiles this file in seconds, not a minute. The
-// tensors are unpacked and checked in ext.cpp, which passes raw pointers.
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -39,19 +18,16 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cstdint>
 
 template <typename scalar_t>
-__global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __restrict__ cache_v,
-                                  const scalar_t* __restrict__ new_k,
-                                  const scalar_t* __restrict__ new_v,
-                                  const int64_t* __restrict__ offsets,
-                                  const int64_t* __restrict__ counts,
-                                  const float* __restrict__ cos, const float* __restrict__ sin,
-                                  int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
-                                  int64_t T_new, int64_t P) {
+__global__ void kv_inject_kernel1(
+    scalar_t* __restrict__ cache_k, scalar_t* __restrict__ cache_v,
+    const scalar_t* __restrict__ new_k, const scalar_t* __restrict__ new_v,
+    const int64_t* __restrict__ offsets, const int64_t* __restrict__ counts,
+    const float* __restrict__ cos, const float* __restrict__ sin, int64_t L, int64_t B, int64_t H,
+    int64_t T_max, int64_t D, int64_t T_new, int64_t P) {
   const int64_t D2 = D / 2;
   const int64_t N = L * B * T_new * H * D2;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -65,9 +41,7 @@ __global__ void kv_inject_kernel1(scalar_t* __restrict__ cache_k, scalar_t* __re
     r /= T_new;
     const int64_t b = r % B, l = r / B;
     const int64_t count = counts[b], off = offsets[b];
-    // the reference's checks, on every row (one with no new tokens too), before the padding
-    // skip. off <= T_max - count, not off + count <= T_max: a garbage offset near INT64_MAX
-    // must not wrap
+    // the reference's checks, on every row, before the padding skip (a huge off + count wraps)
     const bool ok = count >= 0 && count <= T_new && off >= 0 && off <= T_max - count &&
                     off <= P - count;
     CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or RoPE tables");
@@ -94,19 +68,16 @@ static void launch1(void* cache_k, void* cache_v, const void* new_k, const void*
                     int64_t T_new, int64_t P, int device) {
   const int64_t N = L * B * T_new * H * (D / 2);
   if (N == 0) return;  // a launch with zero blocks is an error
-  const int threads = 256;
-  // grid-stride covers the rest
+  const int threads = 256;  // a grid-stride loop covers what the capped grid does not
   const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);
-  // launch on the tensors' GPU, on torch's current stream (= at::cuda::getCurrentCUDAStream)
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // the tensors' GPU
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // torch's current stream
   kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
       (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v,
       offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// the tensors are checked and unpacked by the caller (ext.cpp); all contiguous, on `device`
 void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
                     const int64_t* offsets, const int64_t* counts, const float* cos,
                     const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
@@ -121,7 +92,6 @@ void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void*
     case c10::ScalarType::BFloat16:
       return launch1<c10::BFloat16>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L,
                                     B, H, T_max, D, T_new, P, device);
-    default:
-      TORCH_CHECK(false, "kv_inject_cuda: unsupported dtype ", dtype);
+    default: TORCH_CHECK(false, "kv_inject_cuda: unsupported dtype ", dtype);
   }
 }

@@ -185,7 +185,7 @@ def test_emu_runs_a_script_with_the_emulated_kernels_in_the_loop(emu, tmp_path, 
                                                                   capsys):
     """python dev/emu.py --run SCRIPT ARGS: CPU tensors reach the emulated kernels there."""
     script = tmp_path / "probe.py"
-    script.write_text("import sys, torch, kernels\n"
+    script.write_text("import sys, torch, dflash_kernels as kernels\n"
                       "print('served', kernels.available(torch.device('cpu')), sys.argv[1:])\n")
     monkeypatch.setitem(kernels._ext, "cpu", None)  # restored afterwards, whatever install sets
     monkeypatch.setattr(sys, "argv", sys.argv[:])  # --run sets the script's

@@ -107,7 +107,7 @@ def test_kv_inject_ref_matches_loop(shape, dtype):
     assert args[5][0] == 0  # row 0 has no new tokens: its cache stays all NaN
     assert args[4][-1] + args[5][-1] == shape[4]  # the last row writes up to the end of the cache
     assert args[0][:, 0].isnan().all() and args[1][:, 0].isnan().all()
-    assert mismatches(args[0], k_loop)[0] == 0 and mismatches(args[1], v_loop)[0] == 0
+    assert mismatches(args[0], k_loop) == 0 and mismatches(args[1], v_loop) == 0
     assert (~args[0].isnan()).sum() == args[0].shape[0] * shape[2] * shape[3] * int(args[5].sum())
 
 
@@ -152,8 +152,8 @@ def test_kv_inject_emulated(emu, shape, dtype):
     ref_k, ref_v = args[0].clone(), args[1].clone()
     kv_inject_ref(ref_k, ref_v, *args[2:])
     assert emu.kv_inject(*args) is None  # kv_inject_kernel1, grid-stride over (l, b, t, h, i)
-    assert mismatches(args[0], ref_k) == (0, 0.0)  # bit for bit, NaN where nothing was written
-    assert mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0  # bit for bit, NaN where nothing was written
+    assert mismatches(args[1], ref_v) == 0
 
 
 def test_kv_inject_emulated_short_row_at_the_end_of_the_rope_tables(emu):
@@ -166,9 +166,9 @@ def test_kv_inject_emulated_short_row_at_the_end_of_the_rope_tables(emu):
     kv_inject_loop(k_loop, v_loop, *args[2:])
     ref_k, ref_v = args[0].clone(), args[1].clone()
     kv_inject_ref(ref_k, ref_v, *args[2:])
-    assert mismatches(ref_k, k_loop) == (0, 0.0) and mismatches(ref_v, v_loop) == (0, 0.0)
+    assert mismatches(ref_k, k_loop) == 0 and mismatches(ref_v, v_loop) == 0
     emu.kv_inject(*args)
-    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
 BAD_ROWS = {  # row b made to fall outside the cache or the RoPE tables: (b, offset, count, P)
@@ -196,7 +196,7 @@ def test_kv_inject_emulated_kernel_skips_a_bad_row_and_asserts(emu, bad):
     with pytest.raises(RuntimeError, match="device-side assert"):
         emu.kv_inject(*args)
     assert args[0][:, b].isnan().all() and args[1][:, b].isnan().all()  # nothing of row b
-    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
 def test_kv_inject_emulated_kernel_writes_nothing_past_the_tensors(emu):
@@ -210,7 +210,7 @@ def test_kv_inject_emulated_kernel_writes_nothing_past_the_tensors(emu):
     args[:4] = [buf[:a.numel()].view(a.shape) for buf, a in zip(bufs, args[:4])]
     emu.kv_inject(*args)
     assert bufs[0][args[0].numel():].isnan().all() and bufs[1][args[1].numel():].isnan().all()
-    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
 def test_kv_inject_emulated_refuses_malformed_arguments(emu):
@@ -222,7 +222,7 @@ def test_kv_inject_emulated_refuses_malformed_arguments(emu):
     def call(i, *values):
         emu.kv_inject(*replaced(good, i, *values))
 
-    with pytest.raises(RuntimeError, match="new_k must be"):  # H + 1 heads
+    with pytest.raises(RuntimeError, match="new_k, new_v must be"):  # H + 1 heads
         call(2, torch.zeros(1, 2, 4, 3, 8), torch.zeros(1, 2, 4, 3, 8))
     with pytest.raises(RuntimeError, match="offsets and counts must be"):  # B + 1 counts
         call(5, torch.tensor([0, 4, 0]))
@@ -257,9 +257,9 @@ def test_kv_inject_emulated_refuses_malformed_arguments(emu):
                          + [(s, o) for s in ACCEPT_SHAPES for o in ("eager", "eager_forward")])
 def test_accept_scan_emulated_kernels(emu, shape, schedule, mode, version, monkeypatch):
     monkeypatch.setenv("DFLASH_EMU_SCHEDULE", schedule)
-    # quantized probabilities (exact=True), as on the GPU: the kernels scan in tiles, and only
-    # on such inputs is every summation order bit-identical (header of accept_scan.cu)
-    p, drafts, q, u = make_accept_case(*shape, mode, seed=8, exact=True)
+    # quantized probabilities, as on the GPU: the kernels scan in tiles, and only on such inputs
+    # is every summation order bit-identical (header of accept_scan.cu)
+    p, drafts, q, u = make_accept_case(*shape, mode, seed=8)
     assert same(emu.accept_scan(p, drafts, q, u, version), accept_scan_ref(p, drafts, q, u))
     if mode == "greedy":  # bf16 logits with NaNs: NaN is the maximum, the first NaN wins, within
         p = p.bfloat16()  # a warp (threads 5 and 9) and across warps (thread 40)
@@ -528,7 +528,7 @@ def test_an_unknown_env_value_is_named_not_taken_for_a_choice(fresh, monkeypatch
     monkeypatch.setattr(kernels, "_build", lambda: pytest.fail("an unknown value must not build"))
     monkeypatch.setenv(kernels.ENV, "host")
     assert not kernels.available("cuda")
-    assert f"unknown {kernels.ENV}='host': choose 1 or 0" in capsys.readouterr().out
+    assert f"unknown {kernels.ENV}='host', not 1 or 0" in capsys.readouterr().out
     monkeypatch.setattr(kernels, "_ext", {})
     monkeypatch.setenv(kernels.ENV, " ")
     monkeypatch.setattr(kernels, "_build", lambda: SimpleNamespace())
@@ -566,9 +566,12 @@ def test_a_failed_build_is_tried_once_reported_and_ctrl_c_still_stops(fresh, mon
     assert "cuda" not in kernels._ext
 
 
-def test_failure_keeps_the_last_line():
-    e = RuntimeError("ninja: build stopped\n  g++ -O3 ...\nerror: ext.cpp:12: expected ';'\n\n")
-    assert kernels._failure(e) == "RuntimeError: error: ext.cpp:12: expected ';'"
+def test_a_failed_build_is_reported_by_its_last_line(fresh, monkeypatch, capsys):
+    def bad():
+        raise RuntimeError("ninja: build stopped\n  g++ -O3 ...\nerror: ext.cpp:12: expected ';'\n\n")
+    monkeypatch.setattr(kernels, "_build", bad)
+    assert not kernels.available("cuda")
+    assert "(build failed: RuntimeError: error: ext.cpp:12: expected ';')" in capsys.readouterr().out
 
 
 def test_the_ops_take_any_strides_and_ask_for_the_promoted_kernel_version(emu, monkeypatch):
@@ -589,7 +592,7 @@ def test_the_ops_take_any_strides_and_ask_for_the_promoted_kernel_version(emu, m
     kv_inject_ref(ref_k, ref_v, *args[2:])
     args[2:] = [strided(t) for t in args[2:]]  # new K/V, offsets, counts, RoPE tables
     kernels.kv_inject(*args)
-    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
 def test_draft_diffusion_kv_inject_dispatches(emu, fresh, monkeypatch):
@@ -607,50 +610,28 @@ def test_draft_diffusion_kv_inject_dispatches(emu, fresh, monkeypatch):
             ref_k, ref_v = args[0].clone(), args[1].clone()
             kv_inject_ref(ref_k, ref_v, *args[2:])
             draft_diffusion.kv_inject(*args)
-            assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+            assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
     assert calls == [torch.float32]
 
 
-def test_stale_build_lock_is_removed(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
-    lock = tmp_path / "x" / "lock"
-    lock.parent.mkdir()
-    lock.touch()
-    old = time.time() - kernels.STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    # the loop sleeps only while it waits for a live build: waiting on this lock would hang the
-    # test for as long as the lock exists, so the first sleep fails it instead
-    monkeypatch.setattr(time, "sleep", lambda s: pytest.fail("waited on a stale lock"))
-    kernels._build_dir("x")
-    assert not lock.exists()
-
-
-def test_a_fresh_build_lock_is_waited_for_not_removed(tmp_path, monkeypatch, capsys):
-    import threading
-    monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
-    lock = tmp_path / "x" / "lock"
-    lock.parent.mkdir()
-    lock.touch()
-    threading.Timer(1.5, lock.unlink).start()  # the live build finishes
-    t0 = time.time()
-    kernels._build_dir("x")
-    assert time.time() - t0 > 1.0 and "waiting for another build" in capsys.readouterr().out
-
-
 def test_a_first_build_says_so_before_it_starts(tmp_path, monkeypatch, capsys):
-    """A build is silent for seconds (minutes with nvcc); only a reused one may stay quiet."""
+    """A build is silent for a minute with nvcc; only a reused one may stay quiet."""
+    from torch.utils import cpp_extension
     monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
-    kernels._build_dir("ext_x")
-    assert "kernels: building ext_x into" in capsys.readouterr().out
-    (tmp_path / "ext_x" / "ext_x.so").touch()
-    kernels._build_dir("ext_x")
+    monkeypatch.setattr(kernels, "_cudart_flags", lambda cuda_home: [])
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: kw["build_directory"])
+    assert kernels._build() == str(tmp_path / "dflash_kernels")
+    assert "kernels: building the extension into" in capsys.readouterr().out
+    (tmp_path / "dflash_kernels" / "dflash_kernels.so").touch()
+    kernels._build()
     assert "building" not in capsys.readouterr().out
 
 
 def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
     """torch guesses the toolkit from `which nvcc`; a wrapper script there (as
     /usr/local/bin/nvcc on this project's machines) has no libcudart beside it, so the CUDA
-    build would not link without the -L that _cudart_flags finds. Fake toolkits, no nvcc."""
+    build would not link without the -L flags for the toolkit nvcc -dryrun names. Fake toolkits."""
     def script(path, body):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n" + body + "\n")
@@ -662,19 +643,13 @@ def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
         pytest.skip(f"cannot run scripts from {tmp_path}: {e}")
     real, wrap = tmp_path / "cuda-13.0", tmp_path / "local"
     script(real / "bin" / "nvcc", f'echo "#$ _HERE_={real}/bin" >&2')  # what nvcc -dryrun prints
-    (real / "lib64").mkdir()
-    (real / "lib64" / "libcudart.so").touch()
     script(wrap / "bin" / "nvcc", f'exec {real / "bin" / "nvcc"} "$@"')
     flags = kernels._cudart_flags
-    assert flags(wrap) == [f"-L{real}/lib64"]
-    assert flags(real) == [f"-L{real}/lib64"]   # the right CUDA_HOME: torch's own folder
-    (real / "lib64" / "libcudart.so").unlink()  # a toolkit with its runtime in lib/
-    (real / "lib").mkdir()
-    (real / "lib" / "libcudart.so").touch()
-    assert flags(wrap) == flags(real) == [f"-L{real}/lib"]
-    assert flags(tmp_path / "missing") == []    # no nvcc: the link error will say so
-    script(wrap / "bin" / "nvcc", "exit 1")     # an nvcc that names no folder
+    assert flags(wrap) == flags(real) == [f"-L{real}/lib64", f"-L{real}/lib"]
+    script(wrap / "bin" / "nvcc", "exit 1")     # an nvcc that names no folder: torch's guess only
     assert flags(wrap) == []
+    with pytest.raises(OSError):                # no nvcc at all: the build fails, and says why
+        flags(tmp_path / "missing")
 
 
 def test_no_package_of_ours_shadows_nvidias_or_hugging_faces(tmp_path):
@@ -755,9 +730,11 @@ def test_mismatches_counts_nan_against_a_number_both_ways():
     """The outputs start as NaN: a slot a kernel failed to write (NaN where the reference has a
     number) is a mismatch, as is a stray write (a number where the reference kept NaN)."""
     nan = float("nan")
-    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([2.0, 1.0])) == (1, float("inf"))
-    assert mismatches(torch.tensor([2.0, 1.0]), torch.tensor([nan, 1.0])) == (1, float("inf"))
-    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.5])) == (1, 0.5)
+    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([2.0, 1.0])) == 1
+    assert mismatches(torch.tensor([2.0, 1.0]), torch.tensor([nan, 1.0])) == 1
+    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.5])) == 1
+    assert mismatches(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.0])) == 0
+    assert mismatches(torch.tensor([3, 4]), torch.tensor([3, 5])) == 1  # tokens, counts
 
 
 def test_self_check_covers_every_op_version_and_shape(emu, capsys):
@@ -810,17 +787,15 @@ def test_self_check_fails_every_row_of_a_broken_module(emu, capsys):
     assert broken.dtypes == {(True, torch.float32), (True, torch.bfloat16), (False, torch.float32)}
 
 
-def test_self_check_counts_a_wrong_n_accepted_and_a_stray_value_write(emu):
+def test_self_check_counts_a_wrong_n_accepted_and_a_stray_value_write(emu, capsys):
     """The rows must count every output: n_accepted as well as the token, and the V cache as
     well as the K cache."""
     import dflash_kernels.__main__ as selfcheck
-    broken = Broken(emu, "n_and_v")
-    for mode in MODES:
-        assert selfcheck.check_accept_scan(broken, (3, 15, 97), mode, 1, torch.float32, "cpu",
-                                           0)[0] == 1
-    L, B, H, D, T_max, T_new = shape = (3, 3, 1, 16, 40, 7)
-    assert selfcheck.check_kv_inject(broken, shape, torch.float32, "cpu", 0)[:2] == \
-        (L * H * D, float("inf"))
+    assert selfcheck.run(Broken(emu, "n_and_v"), "cpu", 0, tag="emu") == 1
+    out = capsys.readouterr().out
+    assert "44 rows, 44 with mismatches" in out
+    L, B, H, D, T_max, T_new = (3, 3, 1, 16, 40, 7)  # one stray slot per (layer, head) of row 0
+    assert re.search(rf"LBHDTt=3x3x1x16x40x7 +float32 +{L * H * D} untimed  MISMATCH", out)
 
 
 def test_self_check_without_a_gpu_says_so(monkeypatch, capsys):
@@ -833,17 +808,11 @@ def test_self_check_without_a_gpu_says_so(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [(["--repeat", "-1"], "--repeat must be >= 1"),
-                                          (["--device", "cpu"], "must be a CUDA device")])
+                                          (["--op", "kv"], "invalid choice: 'kv'")])
 def test_self_check_refuses_bad_flags_in_one_line(argv, message):
     r = subprocess.run([sys.executable, "-m", "dflash_kernels", *argv], cwd=kernels.HERE.parent,
                        capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
-
-
-def test_self_check_also_runs_as_a_file(tmp_path):
-    r = subprocess.run([sys.executable, str(kernels.HERE / "__main__.py"), "--help"],
-                       cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0 and "--repeat" in r.stdout, r.stderr[-800:]
 
 
 # -----------------------------------------------------------------------------
@@ -857,7 +826,7 @@ def test_kv_inject_cuda(ext, shape, dtype):
     ref_k, ref_v = args[0].clone(), args[1].clone()
     kv_inject_ref(ref_k, ref_v, *args[2:])
     ext.kv_inject(*args)
-    assert mismatches(args[0], ref_k) == (0, 0.0) and mismatches(args[1], ref_v) == (0, 0.0)
+    assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
@@ -865,9 +834,9 @@ def test_kv_inject_cuda(ext, shape, dtype):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", ACCEPT_SHAPES + QWEN_SHAPES + [(3, 0, 4099)])  # K = 0: ar
 def test_accept_scan_cuda(ext, shape, mode, version):
-    # quantized probabilities (exact=True): every summation order gives the same CDF, so the
-    # GPU's tile scan must agree bit for bit with the CPU reference's sequential one
-    p, drafts, q, u = make_accept_case(*shape, mode, seed=5, exact=True)
+    # quantized probabilities: every summation order gives the same CDF, so the GPU's tile scan
+    # must agree bit for bit with the CPU reference's sequential one
+    p, drafts, q, u = make_accept_case(*shape, mode, seed=5)
     n_ref, nxt_ref = accept_scan_ref(p, drafts, q, u)
     c = lambda t: None if t is None else t.cuda()
     n, nxt = ext.accept_scan(c(p), c(drafts), c(q), c(u), version)
