@@ -141,7 +141,7 @@ def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
     -> the rows of the table and the JSON."""
     timed = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, batch_size)
                      for m, d in drafters.items() for T in temps}, args.repeats,
-                    lambda k: f"{k[0]:7s} T={k[1]:<4g} batch {batch_size:3d}")
+                    lambda k: f"{k[0]:11s} T={k[1]:<4g} batch {batch_size:3d}")
     rows = []
     for (m, T), (o, st) in timed.items():
         ar_o, ar = timed["ar", T]  # the baseline for speed and, at T = 0, for the tokens
@@ -169,7 +169,9 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
     print(f"prompts   {n_prompts} from {source} | {args.max_new_tokens} new tokens each | "
           f"temperatures {args.temperatures} | batch {args.batch_size}"
           f"{' (continuous)' if args.continuous else ''} | seed {args.seed}")
-    runs = ", ".join(f"{m} {Ks[m]}" + (f" (block {d.block_size})" if m == "dflash" else "")
+    runs = ", ".join(f"{m} {Ks[m]}" + (f" (block {d.block_size}" if m.startswith("dflash") else "")
+                     + (f", tree of {d.tree.N} nodes)" if m == "dflash-tree" else
+                        ")" if m == "dflash" else "")
                      for m, d in drafters.items() if d)
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of "
           f"{args.repeats} run(s) after a warm-up")
@@ -183,12 +185,12 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
 
 def print_table(results, sweep, sizes, T0, n_prompts):
     """The table, the acceptance chart and the batch sweep (after the card)."""
-    print(f"\n{'method':8s}{'T':>5s}{'K':>4s}{'tau':>7s}{'s.e.':>6s}{'tok/s':>9s}{'speedup':>9s}"
+    print(f"\n{'method':12s}{'T':>5s}{'K':>4s}{'tau':>7s}{'s.e.':>6s}{'tok/s':>9s}{'speedup':>9s}"
           f"{'predicted':>11s}  {'lossless':18s}{'params':>9s}")
     for r in results:
         ok = ("n/a" if r["lossless"] is None else "yes" if r["lossless"]
               else f"NO ({r['mismatches']}/{n_prompts} differ)")
-        print(f"{r['method']:8s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
+        print(f"{r['method']:12s}{r['temperature']:5g}{r['K']:4d}{r['tau']:7.2f}{r['tau_se']:6.2f}"
               f"{r['tokens_per_s']:9.1f}{r['speedup']:8.2f}x{r['predicted_speedup']:10.2f}x  "
               f"{ok:18s}{r['drafter_params'] / 1e6:8.2f}M")
     for r in results:
@@ -201,7 +203,7 @@ def print_table(results, sweep, sizes, T0, n_prompts):
     for r in results:
         if a := r["acceptance_per_position"]:  # a column per position, eighth blocks 0 ... 1
             bars = "".join(" ▁▂▃▄▅▆▇█"[round(x * 8)] * 2 for x in a)
-            print(f"  {r['method']:7s} T={r['temperature']:<4g} |{bars}| alpha_1 {a[0]:.2f} ... "
+            print(f"  {r['method']:11s} T={r['temperature']:<4g} |{bars}| alpha_1 {a[0]:.2f} ... "
                   f"alpha_{len(a)} {a[-1]:.2f}, E = 1 + sum = {1 + sum(a):.2f}")
     if sweep:
         print(f"\nbatch sweep at T={T0:g} (tokens/s, speedup vs ar at the same batch size"
@@ -292,7 +294,8 @@ def main(argv=None):
     # a drafter that cannot load is skipped with why and how to train it, or ends a --methods run
     target = checked(load_target, args.target, device=device, dtype=dtype)
     opts, drafters = drafter_options(args, get_parser(), methods), {}
-    flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}
+    flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft),
+             "dflash-tree": ("--block-size", args.block_size)}
     for m in methods:
         try:
             drafters[m] = load_drafter(m, target, args.weights, **opts)
@@ -300,7 +303,8 @@ def main(argv=None):
             why = str(e).splitlines()[0]
             if why.startswith(args.weights):  # the file's fault: missing, damaged, another target's
                 train = (f"python train.py --preset cpu-draft --out-path {args.weights}/draft.pt"
-                         if m == "draft" else f"python train_drafter.py --method {m} --target "
+                         if m == "draft" else f"python train_drafter.py --method "
+                         f"{m.split('-')[0]} --target "
                          f"{args.target} --out-dir {args.weights}")
                 why = why.split("; retrain it")[0] + f"; train it: {train}"
             elif m in flags and flags[m][1] is not None:  # a block or depth it was not trained for

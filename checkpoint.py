@@ -34,8 +34,9 @@ from draft_eagle import Eagle, EagleDrafter
 from draft_simple import ModelDrafter, NgramDrafter
 from model import Config, Transformer
 from mtp import MTP, MTPDrafter
+from tree import DraftTree
 
-METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash")
+METHODS = ("ar", "ngram", "draft", "mtp", "eagle", "dflash", "dflash-tree")
 # the drafters that read target features (train_drafter.py trains them): their nn.Module
 FEATURE_DRAFTERS = {"mtp": MTP, "eagle": Eagle, "dflash": DFlash}
 
@@ -144,8 +145,9 @@ def load_feature_drafter(method, target, folder):
 
 
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,
-                 mtp_margin=0.0):
-    """The drafter for a method name, from its checkpoint in folder; None for ar."""
+                 mtp_margin=0.0, tree_nodes=32):
+    """The drafter for a method name, from its checkpoint in folder; None for ar. dflash-tree
+    is the dflash drafter carrying a tree.DraftTree, which speculate.generate then verifies."""
     if method == "ar":
         return None
     if method == "ngram":
@@ -153,6 +155,10 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     if method == "draft":  # follows the target's device and dtype
         w = target.head.weight
         return ModelDrafter(load_target(os.path.join(folder, "draft.pt"), w.device, w.dtype))
+    if method == "dflash-tree":
+        drafter = load_drafter("dflash", target, folder, block_size)
+        drafter.tree = DraftTree(tree_nodes)
+        return drafter
     if method not in FEATURE_DRAFTERS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     model = load_feature_drafter(method, target, folder)
@@ -170,6 +176,8 @@ DRAFTER_FLAGS = {
                      "block size S (drafts S-1), at most the trained one (default: it, 16)")),
     "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false", help="dflash at "
                         "T > 0: draft each slot's argmax (default: draw it from its q)")),
+    "--tree": ("dflash-tree", dict(dest="tree_nodes", type=int, default=32, help="dflash-tree: "
+               "the node budget N of its draft tree (nodes verified per pass)")),
     "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None, help="mtp: draft N "
                     "tokens per step, 1..its depth (default: all its modules)")),
     "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0, help="mtp: stop "
@@ -185,7 +193,8 @@ def add_drafter_flags(parser):
 def drafter_options(args, parser, methods):
     """load_drafter's keywords from the flags; a flag for a method not run is refused."""
     for flag, (m, kw) in DRAFTER_FLAGS.items():
-        if m not in methods and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):
+        used = any(x.startswith(m) or m.startswith(x) for x in methods)  # dflash, dflash-tree
+        if not used and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):
             raise ValueError(f"{flag} sets an option of {m}, which is not being run")
     return {kw["dest"]: getattr(args, kw["dest"]) for _, kw in DRAFTER_FLAGS.values()}
 

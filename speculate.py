@@ -181,12 +181,14 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     plain decoding through the same cache: the baseline. batch_size rows decode at once
     (default: all prompts); with fewer rows than prompts, a row whose prompt is done takes the
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
-    tree: a tree.DraftTree to verify a tree of a DFlash drafter's candidates instead of a chain.
+    tree: a tree.DraftTree, to verify a tree of a DFlash drafter's candidates instead of a chain
+    (default: the drafter's own .tree, which load_drafter("dflash-tree") gives it, else none).
     Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
     and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
                               stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
+    tree = tree or getattr(drafter, "tree", None)
     device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)

@@ -143,3 +143,16 @@ def test_a_broken_tree_rule_fails(monkeypatch):
     monkeypatch.setattr(tree, "sample_node", broken)
     tv, bound, _ = tree_tv(tree.DraftTree(6))
     assert tv > bound, (tv, bound)
+
+
+def test_dflash_tree_is_a_method_of_bench_and_sample(capsys):
+    """load_drafter("dflash-tree") is the committed DFlash drafter carrying a DraftTree, which
+    generate picks up by itself: bench and sample.py run it by name, losslessly."""
+    import bench
+    import sample
+    results = bench.main(["--methods", "dflash-tree", "--tree", "12", "--n-prompts", "2",
+                          "--max-new-tokens", "16", "--temperatures", "0"])
+    assert [(r["method"], r["lossless"]) for r in results] == [("ar", True), ("dflash-tree", True)]
+    assert "dflash-tree 15 (block 16, tree of 12 nodes)" in capsys.readouterr().out
+    sample.main(["--method", "dflash-tree", "--tree", "8", "--max-new-tokens", "24", "--check"])
+    assert "identical to model.generate: True" in capsys.readouterr().out
