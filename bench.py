@@ -59,9 +59,8 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
         per_prompt += zip(map(len, o), s["row_passes"])
         for k in ("verify_passes", "draft_s", "verify_s"):
             st[k] += s[k]
-        for j, (a, n) in enumerate(zip(s["accepted_per_position"], s["attempts_per_position"])):
-            st["acc"][j] += a
-            st["att"][j] += n
+        st["acc"] = [x + a for x, a in zip(st["acc"], s["accepted_per_position"])]
+        st["att"] = [x + n for x, n in zip(st["att"], s["attempts_per_position"])]
     sync()
     tokens, passes = (sum(x) for x in zip(*per_prompt))
     st.update(wall_s=time.perf_counter() - t0, new_tokens=tokens, row_passes=passes,
@@ -72,8 +71,7 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
 
 
 def ratio_se(pairs):
-    """Standard error of tau = sum(tokens) / sum(passes) over (tokens, passes) per prompt, by
-    the delta method; with 10 prompts often a few tenths."""
+    """Standard error of tau = sum(tokens) / sum(passes) over prompts, by the delta method."""
     n, tokens, passes = len(pairs), sum(t for t, _ in pairs), sum(p for _, p in pairs)
     if n < 2:
         return 0.0
@@ -82,8 +80,7 @@ def ratio_se(pairs):
 
 
 def measure(jobs, repeats, label):
-    """Run each job (-> run()'s outputs, stats) `repeats` times, in rounds so that a drift in the
-    machine's speed reaches all alike; keep its median run (all its times in wall_s_runs)."""
+    """Each job `repeats` times, in rounds (a drift in speed hits all alike) -> its median run."""
     runs = {k: [] for k in jobs}
     for r in range(repeats):
         for k, job in jobs.items():
@@ -113,16 +110,12 @@ def repeat8(outs):
     return sum(data.repeated_ngram_fraction(o, 8) for o in outs) / len(outs)
 
 
-def lossless(outs, ar_outs, T):
-    """At T = 0 the outputs must equal plain decoding's token for token; sampled ones differ by
-    design (None: their losslessness is a distribution, which the tests check)."""
-    mism = sum(o != r for o, r in zip(outs, ar_outs)) if T == 0 else 0
-    return dict(lossless=(mism == 0) if T == 0 else None, mismatches=mism)
-
-
-def first_difference_gaps(target, prompts, outs, ar_outs):
-    """Where each greedy row that differs from ar's first differs, the gap between the target's
-    logits for the two tokens (a near-tie: at rounding scale). None: a row stopped early."""
+def lossless(target, prompts, outs, ar_outs, T):
+    """At T = 0 the outputs must equal plain decoding's token for token; where a row first
+    differs, the gap between the target's logits for the two tokens (a near-tie: rounding scale;
+    None: it ended early). Sampled rows differ by design: None (tests check the distribution)."""
+    if T != 0:
+        return dict(lossless=None, mismatches=0, first_difference_gaps=[])
     gaps = []
     for p, o, r in zip(prompts, outs, ar_outs):
         t = next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None)
@@ -133,26 +126,24 @@ def first_difference_gaps(target, prompts, outs, ar_outs):
             gaps.append(abs(logits[r[t]] - logits[o[t]]).item())
         elif o != r:
             gaps.append(None)
-    return gaps
+    return dict(lossless=not gaps, mismatches=len(gaps), first_difference_gaps=gaps)
 
 
 def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
-    """Every method at every temperature, measured, each against ar's run at its temperature
-    -> the rows of the table and the JSON."""
+    """Every method at every temperature against ar's run there -> the table's and JSON's rows."""
     timed = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, batch_size)
                      for m, d in drafters.items() for T in temps}, args.repeats,
                     lambda k: f"{k[0]:11s} T={k[1]:<4g} batch {batch_size:3d}")
     rows = []
     for (m, T), (o, st) in timed.items():
         ar_o, ar = timed["ar", T]  # the baseline for speed and, at T = 0, for the tokens
-        gaps = first_difference_gaps(target, prompts, o, ar_o) if T == 0 else []
         rows.append(dict(method=m, temperature=T, K=Ks[m], tau=st["tau"], tau_se=st["tau_se"],
                          tokens_per_s=st["new_tokens"] / st["wall_s"], wall_s=st["wall_s"],
                          speedup=ar["wall_s"] / st["wall_s"], wall_s_runs=st["wall_s_runs"],
-                         predicted_speedup=predicted_speedup(st, ar), **lossless(o, ar_o, T),
+                         predicted_speedup=predicted_speedup(st, ar),
                          acceptance_per_position=st["alpha"], new_tokens=st["new_tokens"],
                          verify_passes=st["verify_passes"], drafter_params=params(drafters[m]),
-                         repeat8=repeat8(o), first_difference_gaps=gaps))
+                         repeat8=repeat8(o), **lossless(target, prompts, o, ar_o, T)))
     return rows
 
 
@@ -243,9 +234,8 @@ def get_parser():
 def check_args(args):
     """Before any work -> temperatures, sweep's batch sizes, methods (ar first), --methods set?"""
     try:
-        temps = list(dict.fromkeys(map(float, args.temperatures.split(","))))
-        sizes = list(dict.fromkeys(map(int, args.batch_sizes.split(",")))) \
-            if args.batch_sizes else []
+        temps = [*dict.fromkeys(map(float, args.temperatures.split(",")))]
+        sizes = [*dict.fromkeys(map(int, args.batch_sizes.split(",")))] if args.batch_sizes else []
     except ValueError as e:
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
     if not all(t >= 0 for t in temps):  # NaN too
@@ -262,8 +252,7 @@ def check_args(args):
     if args.weights and os.path.isfile(args.weights):
         die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
     named = args.methods is not None
-    methods = [m.strip() for m in (args.methods if named else ",".join(METHODS)).split(",")
-               if m.strip()]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if named else list(METHODS)
     if not methods:
         die(f"--methods names no method; choose from {', '.join(METHODS)}")
     if unknown := [m for m in methods if m not in METHODS]:
@@ -294,8 +283,7 @@ def main(argv=None):
     # a drafter that cannot load is skipped with why and how to train it, or ends a --methods run
     target = checked(load_target, args.target, device=device, dtype=dtype)
     opts, drafters = drafter_options(args, get_parser(), methods), {}
-    flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft),
-             "dflash-tree": ("--block-size", args.block_size)}
+    flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}
     for m in methods:
         try:
             drafters[m] = load_drafter(m, target, args.weights, **opts)
@@ -303,12 +291,11 @@ def main(argv=None):
             why = str(e).splitlines()[0]
             if why.startswith(args.weights):  # the file's fault: missing, damaged, another target's
                 train = (f"python train.py --preset cpu-draft --out-path {args.weights}/draft.pt"
-                         if m == "draft" else f"python train_drafter.py --method "
-                         f"{m.split('-')[0]} --target "
-                         f"{args.target} --out-dir {args.weights}")
+                         if m == "draft" else f"python train_drafter.py --method {m.split('-')[0]}"
+                         f" --target {args.target} --out-dir {args.weights}")
                 why = why.split("; retrain it")[0] + f"; train it: {train}"
-            elif m in flags and flags[m][1] is not None:  # a block or depth it was not trained for
-                die(f"{m}: {why} (see {flags[m][0]})")
+            elif (f := flags.get(m.split("-")[0])) and f[1] is not None:  # a block or depth too big
+                die(f"{m}: {why} (see {f[0]})")
             else:  # a bug
                 why = f"cannot load it ({type(e).__name__}: {why})"
             if named:

@@ -3,19 +3,10 @@ Checkpoints: save, load, hash and export them; load the target, and a drafter by
 
 A checkpoint is a torch.save'd dict: kind ("target", "mtp", "eagle", "dflash"), config,
 state_dict, args (the trainer's flags), and for a drafter the weights_hash of the target it was
-trained for, so that a drafter is never run against another target. The committed reference
-weights in weights/cpu/ are such checkpoints exported to bf16 without optimizer state.
+trained for, so that a drafter never runs against another target.
 
     python checkpoint.py export out/cpu/target.pt weights/cpu/target.pt   # bf16, for weights/
     python checkpoint.py hf out/hf        # Hugging Face Qwen3 + z-lab DFlash folders (interop.py)
-
-The methods bench.py and sample.py know, and what each one loads:
-    ar      plain decoding, no drafter
-    ngram   prompt lookup (draft_simple.py), no weights
-    draft   a small target-family model, folder/draft.pt (train.py --preset cpu-draft)
-    mtp     MTP modules (mtp.py): native heads in the target checkpoint, else folder/mtp.pt
-    eagle   EAGLE-3-style drafter (draft_eagle.py), folder/eagle.pt
-    dflash  the DFlash drafter (draft_diffusion.py), folder/dflash.pt
 """
 
 import argparse
@@ -44,18 +35,15 @@ FEATURE_DRAFTERS = {"mtp": MTP, "eagle": Eagle, "dflash": DFlash}
 def weights_hash(cfg, state_dict):
     """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
     so a fp32 model and its bf16 copy in weights/ have the same hash."""
-    cfg = dict(cfg if isinstance(cfg, dict) else asdict(cfg))
+    cfg = cfg if isinstance(cfg, dict) else asdict(cfg)
     # fields added after the reference weights were trained count only where they are not
     # their default, so that the committed drafters still match their target
-    if cfg.get("head_dim") == cfg["n_embd"] // cfg["n_head"]:
-        del cfg["head_dim"]
-    if not cfg.get("tie_embeddings", True):
-        del cfg["tie_embeddings"]
+    late = {"head_dim": cfg["n_embd"] // cfg["n_head"], "tie_embeddings": False}
+    cfg = {k: v for k, v in cfg.items() if k not in late or v != late[k]}
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
-    for name in sorted(state_dict):
-        h.update(name.encode())
-        t = state_dict[name].detach().to("cpu", torch.bfloat16)
-        h.update(t.view(torch.int16).numpy().tobytes())
+    for name in sorted(state_dict):  # bf16's bits as int16: numpy has no bf16
+        t = state_dict[name].detach().to("cpu", torch.bfloat16).view(torch.int16)
+        h.update(name.encode() + t.numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -86,24 +74,19 @@ def load_checkpoint(path, kind=None):
 
 def get_device(name=None):
     """--device NAME -> torch.device; None picks cuda when there is one."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
+        device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
         raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-        raise ValueError(f"device {name!r}: no CUDA device visible (torch {torch.__version__}, "
-                         f"{build})")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= n:
+        raise ValueError(f"device {name!r}: {f'only {n}' if n else 'no'} CUDA device visible "
+                         f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})")
     return device
 
 
 def load_target(path, device="cpu", dtype=torch.float32):
-    """Load a target checkpoint, or a Hugging Face Qwen3 folder (interop.py); refuse a
-    checkpoint trained with another tokenizer."""
+    """A target checkpoint trained with our tokenizer, or a Hugging Face Qwen3 folder."""
     if os.path.isdir(path):
         return interop.load_hf_target(path, device, dtype)
     ckpt = load_checkpoint(path, kind="target")
@@ -117,37 +100,10 @@ def load_target(path, device="cpu", dtype=torch.float32):
     return model
 
 
-def load_feature_drafter(method, target, folder):
-    """The nn.Module of mtp, eagle or dflash from folder/<method>.pt, checked against the target
-    (MTP heads trained with the target come from its own checkpoint)."""
-    native = getattr(target, "ckpt", {}).get("mtp_state_dict")
-    if method == "mtp" and native:
-        model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
-        src = "the target's own heads"
-    elif method == "dflash" and os.path.isfile(os.path.join(folder, "config.json")):
-        model, src = interop.load_zlab_dflash(folder, target), f"z-lab folder {folder}"
-        sd = model.state_dict()
-    else:
-        path = os.path.join(folder, f"{method}.pt")
-        ck = load_checkpoint(path, kind=method)
-        th = weights_hash(target.cfg, target.state_dict())
-        if ck.get("target_hash") != th:
-            raise ValueError(f"{path}: trained for target {ck.get('target_hash')}, not this one "
-                             f"({th}); retrain it with train_drafter.py --method {method}")
-        cls = FEATURE_DRAFTERS[method]
-        model, sd, src = cls(target.cfg, **ck["config"]), ck["state_dict"], path
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
-    model.to(target.head.weight).eval()  # the target's device and dtype
-    n = sum(p.numel() for p in model.parameters())
-    layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
-    print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
-    return model
-
-
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,
                  mtp_margin=0.0, tree_nodes=32):
-    """The drafter for a method name, from its checkpoint in folder; None for ar. dflash-tree
-    is the dflash drafter carrying a tree.DraftTree, which speculate.generate then verifies."""
+    """The drafter for a method name (ar: None) from folder/<method>.pt, checked against the target
+    (or the target's own MTP heads, or a z-lab DFlash folder); dflash-tree carries a DraftTree."""
     if method == "ar":
         return None
     if method == "ngram":
@@ -161,7 +117,26 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         return drafter
     if method not in FEATURE_DRAFTERS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    model = load_feature_drafter(method, target, folder)
+    native = getattr(target, "ckpt", {}).get("mtp_state_dict")
+    src = os.path.join(folder, f"{method}.pt")
+    if method == "mtp" and native:
+        model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
+        src = "the target's own heads"
+    elif method == "dflash" and os.path.isfile(os.path.join(folder, "config.json")):
+        model, src = interop.load_zlab_dflash(folder, target), f"z-lab folder {folder}"
+        sd = model.state_dict()
+    else:
+        ck = load_checkpoint(src, kind=method)
+        th = weights_hash(target.cfg, target.state_dict())
+        if ck.get("target_hash") != th:
+            raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
+                             f"({th}); retrain it with train_drafter.py --method {method}")
+        model, sd = FEATURE_DRAFTERS[method](target.cfg, **ck["config"]), ck["state_dict"]
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    model.to(target.head.weight).eval()  # the target's device and dtype
+    n = sum(p.numel() for p in model.parameters())
+    layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
+    print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
     if method == "mtp":
         return MTPDrafter(target, model, n_draft=mtp_draft, margin=mtp_margin)
     if method == "eagle":
@@ -169,19 +144,18 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     return DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
 
 
-# load_drafter's options as command-line flags, the same in bench.py and sample.py:
-# flag -> (the method it belongs to, argparse settings; dest is load_drafter's keyword)
+# load_drafter's options as flags (bench.py, sample.py): flag -> (its method, argparse settings)
 DRAFTER_FLAGS = {
-    "--block-size": ("dflash", dict(dest="block_size", type=int, default=None, help="dflash "
-                     "block size S (drafts S-1), at most the trained one (default: it, 16)")),
-    "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false", help="dflash at "
-                        "T > 0: draft each slot's argmax (default: draw it from its q)")),
-    "--tree": ("dflash-tree", dict(dest="tree_nodes", type=int, default=32, help="dflash-tree: "
-               "the node budget N of its draft tree (nodes verified per pass)")),
-    "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None, help="mtp: draft N "
-                    "tokens per step, 1..its depth (default: all its modules)")),
-    "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0, help="mtp: stop "
-                     "drafting once the top-1 vs top-2 logit margin falls below M (0: never)")),
+    "--block-size": ("dflash", dict(dest="block_size", type=int, default=None,
+                                    help="dflash block size S, drafts S-1 (default: trained, 16)")),
+    "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false",
+                                       help="dflash at T > 0: draft argmax, not a draw from q")),
+    "--tree": ("dflash-tree", dict(dest="tree_nodes", type=int, default=32,
+                                   help="dflash-tree: nodes of the draft tree verified per pass")),
+    "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None,
+                                help="mtp: draft N tokens per step (default: its depth)")),
+    "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0,
+                                 help="mtp: stop drafting below this top-1 vs top-2 logit margin")),
 }
 
 
@@ -206,10 +180,8 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
         raise ValueError(f"{dst} is the checkpoint being exported; export to another path")
     ckpt = load_checkpoint(src)
     ckpt.pop("optimizer", None)
-    for key in ("state_dict", "mtp_state_dict"):
-        if ckpt.get(key):
-            ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v
-                         for k, v in ckpt[key].items()}
+    for key in [k for k in ("state_dict", "mtp_state_dict") if ckpt.get(k)]:
+        ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}
     save_checkpoint(dst, ckpt)
     return ckpt
 
@@ -217,17 +189,14 @@ def export_checkpoint(src, dst, dtype=torch.bfloat16):
 def main(argv=None):
     p = argparse.ArgumentParser(description="Export checkpoints.")
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="a checkpoint (any kind) in bf16 without its optimizer "
-                       "state, as the committed weights/ are")
-    e.add_argument("src", help="checkpoint to export")
-    e.add_argument("dst", help="where to write it")
-    h = sub.add_parser("hf", help="a target, its tokenizer and its DFlash drafter as Hugging "
-                       "Face Qwen3 (OUT/target) and z-lab DFlash (OUT/dflash) folders")
-    h.add_argument("out", help="the folder to write")
+    e = sub.add_parser("export", help="SRC in bf16 without optimizer state, as in weights/")
+    e.add_argument("src")
+    e.add_argument("dst")
+    h = sub.add_parser("hf", help="Qwen3 folder OUT/target and z-lab DFlash folder OUT/dflash")
+    h.add_argument("out")
     h.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
                    help="target checkpoint (default: the committed one)")
-    h.add_argument("--weights", default=None, help="folder of its dflash.pt (default: the "
-                   "target's)")
+    h.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
     args = p.parse_args(argv)
     try:
         if args.command == "export":
@@ -236,14 +205,12 @@ def main(argv=None):
             print(f"exported {args.src} -> {args.dst} ({os.path.getsize(args.dst) / 1e6:.1f} MB)")
             return
         target = load_target(args.target)
-        folder = args.weights or os.path.dirname(args.target)
-        dflash = load_feature_drafter("dflash", target, folder)
-        hf = os.path.join(args.out, "target")
+        dflash = load_drafter("dflash", target, args.weights or os.path.dirname(args.target)).dflash
+        hf, zlab = os.path.join(args.out, "target"), os.path.join(args.out, "dflash")
         interop.save_hf_target(target, hf)
         interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
-        interop.save_zlab_dflash(dflash, os.path.join(args.out, "dflash"))
-        print(f"wrote {args.out}/target (Qwen3ForCausalLM, tokenizer.json) and {args.out}/dflash "
-              "(DFlashDraftModel)")
+        interop.save_zlab_dflash(dflash, zlab)
+        print(f"wrote {hf} (Qwen3ForCausalLM, tokenizer.json) and {zlab} (DFlashDraftModel)")
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
 

@@ -1,7 +1,6 @@
 """
 What speculate.generate checks at its boundary: its arguments, and what a drafter's propose
-returns. A drafter of your own is the likeliest place for a mistake, and some mistakes (a q of
-log-probabilities, a q that gives its draft no mass) would break losslessness silently.
+returns (a q of log-probabilities, or one that gives its draft no mass, breaks losslessness).
 """
 
 import operator
@@ -9,20 +8,12 @@ import operator
 import torch
 
 
-def q_sum_tol(dtype):
-    """How far from 1 a row of q may sum: a float32 softmax over up to ~150k tokens sums to 1
-    within ~1e-4; a narrower dtype adds its own rounding (bf16: up to 1.9e-3 measured)."""
-    return 1e-3 + torch.finfo(dtype).eps
-
-
 def check_proposal(drafts, q, B, K, V, sampling):
-    """What the loop trusts of a drafter's propose: int64 drafts (B, K' <= K) and, when
-    sampling, q the probability rows each real draft was drawn from. A q of log-probs, or
-    one that gave its draft no mass, would bend the ratio test and break losslessness
-    silently. One host sync, only when sampling."""
-    if drafts.dim() != 2 or drafts.shape[0] != B or drafts.shape[1] > K or \
-            drafts.dtype != torch.long or (q is not None and (
-                tuple(q.shape) != (*drafts.shape, V) or not q.dtype.is_floating_point)):
+    """What the loop trusts of propose: int64 drafts (B, K' <= K) and, when sampling, q (B, K', V)
+    the probability rows each real draft was drawn from. One host sync, only when sampling."""
+    q_ok = q is None or (tuple(q.shape) == (*drafts.shape, V) and q.dtype.is_floating_point)
+    if not (drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= K and
+            drafts.dtype == torch.long and q_ok):
         raise ValueError(f"the drafter returned drafts {tuple(drafts.shape)} {drafts.dtype} and q "
                          f"{None if q is None else (tuple(q.shape), q.dtype)}; the loop takes "
                          f"int64 ({B}, K' <= {K}) and q None or floating (B, K', {V})")
@@ -31,8 +22,8 @@ def check_proposal(drafts, q, B, K, V, sampling):
     ok = drafts < V
     if q is not None:  # NaN and inf fail min >= 0 or the sum
         q_d = q.gather(2, drafts.clamp(0, V - 1)[..., None])[..., 0]
-        dist = (q.amin(-1) >= 0) & (q_d > 0) & \
-            ((q.sum(-1, dtype=torch.float32) - 1).abs() <= q_sum_tol(q.dtype))
+        tol = 1e-3 + torch.finfo(q.dtype).eps  # fp32 softmax over 150k: ~1e-4 off; bf16: 1.9e-3
+        dist = (q.amin(-1) >= 0) & (q_d > 0) & ((q.sum(-1, dtype=torch.float32) - 1).abs() <= tol)
         ok &= dist | (drafts < 0)  # rows of q at empty slots are never read
     if not bool(ok.all()):
         raise ValueError(f"the drafter's q must be probabilities over the {V} tokens (finite, "
@@ -41,18 +32,16 @@ def check_proposal(drafts, q, B, K, V, sampling):
 
 def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token,
                  batch_size):
-    """generate's arguments at its boundary -> prompts as 1-D tensors and K (the drafter's
-    default_K when None, capped at its max_K; 0 without a drafter)."""
+    """generate's arguments -> prompts as 1-D tensors and K (the drafter's default_K when None,
+    capped at its max_K; 0 without a drafter)."""
     V = target.cfg.vocab_size
     if isinstance(prompts, str) or any(isinstance(pr, (str, int)) for pr in prompts):
-        raise ValueError("prompts is a list of prompts, each a list of token ids (encode text "
-                         "with data.get_encoding().encode_ordinary)")
+        raise ValueError("prompts is a list of prompts, each a list of token ids")
     prompts = [torch.as_tensor(pr) for pr in prompts]
     if not prompts or any(pr.ndim != 1 or len(pr) == 0 or pr.is_floating_point() or
                           pr.dtype == torch.bool or not bool(((pr >= 0) & (pr < V)).all())
                           for pr in prompts):
-        raise ValueError(f"empty prompt list or empty prompt, or a prompt whose token ids are "
-                         f"not integers in 0..{V - 1}")
+        raise ValueError(f"empty prompt list or prompt, or token ids not integers in 0..{V - 1}")
     for name, v in (("max_new_tokens", max_new_tokens), ("top_k", top_k), ("K", K),
                     ("batch_size", batch_size)):
         if v is not None and operator.index(v) < 1:  # operator.index: 2.0 or "4" is refused
@@ -65,8 +54,7 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
         return prompts, 0
     built_for = getattr(drafter, "target", target).cfg  # feature drafters use its embed and head
     if built_for != target.cfg or getattr(drafter, "vocab_size", V) != V:
-        raise ValueError("the drafter was built for another target (another shape or "
-                         "vocabulary); load it for this one")
+        raise ValueError("the drafter was built for another target's shape or vocabulary")
     layers = list(drafter.hidden_layers)
     if layers != sorted(set(layers)) or not all(0 <= l <= target.cfg.n_layer for l in layers):
         raise ValueError(f"the drafter's hidden_layers {tuple(layers)} must increase, each once, "

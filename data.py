@@ -3,17 +3,14 @@ Data for dflash-mini: a corpus of Python source, the BPE tokenizer trained on it
 train.py reads and the benchmark's held-out prompts. Nothing is downloaded.
 
 The corpus is this machine's Python files, tests left out: "small" (the default, the committed
-weights' corpus) is the standard library and the sources of torch and numpy, 16M tokens; "all"
-adds every other installed package's new files (66M on the CPU machine). A hash of each file's
-key ("torch/nn/functional.py") holds it out: the same files on any machine, in both corpora.
+weights' corpus) is the standard library, torch and numpy, 16M tokens; "all" adds every other
+installed package's new files. A hash of each file's key ("torch/nn/functional.py") holds it
+out: the same files on any machine, in both corpora. The tokenizer (byte-level, GPT-4's split
+regex, tiktoken's format) and bench's prompts are made by dev/tokenizer.py and committed, so
+every machine tokenizes and benches alike. Bins: flat np.uint16 streams, as in nanoGPT.
 
     python data.py                # build out/data/{train,val}.bin with tokenizer.tiktoken
     python data.py --corpus all   # the broad corpus, into out/data-all/
-
-The tokenizer (byte-level, GPT-4's split regex, tiktoken's format) and bench's prompts are made
-once by dev/tokenizer.py and committed, so every machine tokenizes and benches alike. Special
-tokens: <|endoftext|> ends a document, <|mask|> is DFlash's mask (arXiv 2602.06036). Bins: flat
-np.uint16 streams, as in nanoGPT.
 """
 import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, random, sys
 import sysconfig, time
@@ -28,12 +25,11 @@ PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's def
 N_REFERENCE_PROMPTS = 256
 REFERENCE_VERSIONS = ("3.11.7", "2.13.0", "2.4.6")  # Python, torch, numpy of the committed draw
 DATA_OUT = os.path.join(ROOT, "out")  # the bins: a cache all runs share, in the ignored out/
-# cl100k_base's split pattern as tiktoken ships it, so its Rust regex accepts it: words with one
-# leading space or punctuation (" self", "_attn", ".append"), numbers of <= 3 digits,
-# punctuation runs, newlines, and runs of indentation kept apart from the next word
+# cl100k_base's split pattern as tiktoken ships it: words with one leading space or punctuation
+# (" self", ".append"), numbers of <= 3 digits, punctuation runs, newlines, indentation runs
 PAT_STR = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++"
            r"[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s")
-EOT, MASK = "<|endoftext|>", "<|mask|>"
+EOT, MASK = "<|endoftext|>", "<|mask|>"  # a document's end; DFlash's mask (arXiv 2602.06036)
 CORPORA = ("small", "all")
 VAL_PER_MILLE = 20  # ~2 % of files held out, chosen by a hash of the key
 MAX_FILE_BYTES = 1_000_000  # bigger .py files are generated tables, not code anyone writes
@@ -77,12 +73,9 @@ def corpus_files(corpus="small"):
             roots.append((name, spec.submodule_search_locations[0]))
     files = [kp for name, root in roots for kp in walk(root, name + "/")]
     if corpus == "all":
-        # then every other installed file whose content is new: vendored copies and empty
-        # __init__.py go, and small stays as it is, a prefix of each split (its few repeats too)
-        rest = {}
-        for d in site_dirs():  # a key there is the path inside ("torch/..." as above)
-            for key, path in walk(d, ""):
-                rest.setdefault(key, path)  # a key installed twice: the copy Python imports
+        # then each other installed file of new content (no vendored copies or empty __init__.py;
+        # small stays as it is, a prefix of each split); of a key installed twice, Python's copy
+        rest = dict(kp for d in reversed(site_dirs()) for kp in walk(d, ""))
         known, seen = {k for k, _ in files}, {sha1_of(p) for _, p in files}
         for key, path in sorted(rest.items()):
             if key not in known and (h := sha1_of(path)) not in seen:
@@ -174,8 +167,7 @@ def _prepare(out_dir, rebuild, corpus="small"):
     t0 = time.time()
     for split, split_files in files.items():
         texts, n_files, n_bytes, n_tokens = read_texts(split_files), 0, 0, 0
-        # into a .tmp renamed at the end, so an interrupted run leaves no half bin; 256 files
-        # at a time, so memory stays flat whatever the size of the corpus
+        # a .tmp renamed at the end (no half bin if interrupted); 256 files at a time (flat memory)
         with open(paths[split] + ".tmp", "wb") as f:
             while batch := [text for _, text in itertools.islice(texts, 256)]:
                 n_files += len(batch)
@@ -234,8 +226,7 @@ def heldout_prompts(n, seed=0, corpus="small"):
 
 def reference_prompts(n):
     """The first n committed held-out prompts, bench's default: what heldout_prompts drew with
-    REFERENCE_VERSIONS. Another machine's corpus draws others, and with them other taus; the
-    committed file keeps bench's figures comparable across machines."""
+    REFERENCE_VERSIONS (another machine's corpus draws others, and other taus)."""
     prompts = read_prompts_file(PROMPTS_PATH)
     if not 0 <= n <= len(prompts):
         raise ValueError(f"{PROMPTS_PATH} holds {len(prompts)} prompts, {n} were asked for "
@@ -271,27 +262,23 @@ def read_prompts_file(path):
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise ValueError(f'{path}:{lineno}: expected an object with a "prompt" string')
-        if not obj["prompt"]:
-            raise ValueError(f"{path}:{lineno}: empty prompt")
+        if not (isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and obj["prompt"]):
+            raise ValueError(f'{path}:{lineno}: expected an object with a non-empty "prompt"')
         prompts.append(obj["prompt"])
     return prompts
 
 # ----------------------------------------------------------------------------- every script's flags
 def check_writable(path):
-    """An output file must be writable before a run spends minutes on what it saves there.
-    Checked without writing anything (a refused run leaves no folder behind): the nearest
-    existing folder above it must be writable; save_checkpoint creates the rest."""
+    """Refuse an output file that cannot be written, before the run, creating nothing: the
+    nearest existing folder above it must be a writable folder (save_checkpoint makes the rest)."""
     if os.path.isdir(path) or path.endswith(os.sep):
         raise ValueError(f"{path}: is a folder; name a file")
     d = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(d):
         d = os.path.dirname(d)
-    if not os.path.isdir(d):
-        raise ValueError(f"{path}: cannot write there ({d} is a file, not a folder)")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise ValueError(f"{path}: cannot write there ({d} is not writable)")
+    if not (os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)):
+        why = "not writable" if os.path.isdir(d) else "a file, not a folder"
+        raise ValueError(f"{path}: cannot write there ({d} is {why})")
 
 class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
     """--help shows each flag's default, unless its text already speaks of one or there is none
@@ -306,8 +293,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     parser.add_argument("--corpus", choices=CORPORA, default="small",
                         help="small: stdlib + torch + numpy; all: every installed package too")
-    parser.add_argument("--out-dir", default=DATA_OUT, help="where data/ (data-all/) with the "
-                        "bins goes (default: out/ in the repository, where train.py looks)")
+    parser.add_argument("--out-dir", default=DATA_OUT, help="bins into OUT_DIR/data/ (data-all/)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild bins that are up to date")
     args = parser.parse_args()
     try:  # before minutes of encoding

@@ -1,6 +1,5 @@
 """
-EAGLE-3-style autoregressive feature drafter (Li et al. 2025, "EAGLE-3: Scaling up Inference
-Acceleration of Large Language Models via Training-Time Test", arXiv 2503.01840): the baseline
+EAGLE-3-style autoregressive feature drafter (Li et al. 2025, arXiv 2503.01840): the baseline
 DFlash is compared with (DESIGN.md sec. 6), drafting a chain of K tokens (no tree).
 
 Positions. Drafter position p fuses the target's hidden states at p from a low, a middle and a
@@ -10,53 +9,46 @@ layer of the target's kind and predicts x_{p+2} with the target's frozen head (o
     h_p = Layer([norm(embed(x_{p+1})); norm(f_p)])        (2C input, residual stream = f_p)
     logits_p = head(norm(h_p))                             predicts x_{p+2}
 
-Drafting (N committed tokens, the target has fed x_0..x_{N-2}): catch the drafter's KV cache up
-on every position p <= N-2 with true features; the output at p = N-2 drafts d_1 = x_N. Then each
-further step at position p+1 feeds back the drafter's own output feature h_p in place of the
-target's f_{p+1} (which does not exist yet) with embed(last draft). The tentative entries are
-rolled back, so the cache only ever holds exact positions 0..N-2.
+Drafting (N committed tokens): catch the drafter's KV cache up on every p <= N-2 with true
+features; the output at p = N-2 drafts d_1 = x_N. Each further step feeds back the drafter's own
+output h_p in place of the target's f_{p+1} (not there yet) with embed(last draft); these
+tentative entries are rolled back, so the cache only ever holds exact positions 0..N-2.
 
-Training ("training-time test"): unroll n steps (7) on its own predicted features, step j
-weighted 0.8^j, so the drafter learns to read the features it will actually get at inference.
-Each step feeds the data token, not the drafter's own guess: a chain only matters while its
-drafts equal the target's tokens, and on that prefix the two are the same.
+Training ("training-time test"): unroll 7 steps on its own predicted features, step j weighted
+0.8^j, so it learns to read the features it gets at inference. Each step feeds the data token,
+not its own guess: a chain only matters while its drafts equal the target's tokens anyway.
 
     python train_drafter.py --method eagle                      # into out/cpu/weights/
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods eagle
 """
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from draft_simple import draft_token, ragged_positions
+from draft_simple import draft_token, ragged_positions, run_layer
 from kv_cache import KVCache
 from model import MLP, Attention, RMSNorm
 
 
 def default_layers(L):
-    """Low, middle, high taps (1, L//2, L-1): EAGLE-3's reference code taps (2, L/2, L-3) of a
-    32-layer Llama, scaled to a shallow target. The very top block is left out, as there: it
-    specialises in predicting x_{p+1}, which the drafter gets explicitly as its token input.
-    A target of < 4 blocks has no three distinct such layers; take its top three taps (two
-    when L = 1)."""
+    """Low, middle, high taps (1, L//2, L-1): EAGLE-3's (2, L/2, L-3) of a 32-layer Llama, scaled
+    down. The top block is left out, as there: it specialises in predicting x_{p+1}, which the
+    drafter gets as its token input. Under 4 blocks: the top three taps (two when L = 1)."""
     return (1, L // 2, L - 1) if L >= 4 else tuple(range(max(L - 2, 0), L + 1))
 
 
 def ttt_attention(attn, x, cos, sin, kvs):
-    """Attention of unroll step j = len(kvs) over a (B, T) grid of positions, with the exact
-    keys an inference-time chain sees. The query at p belongs to the chain anchored at a = p - j:
-    it sees step-0 keys at positions <= a (true context) and, for i = 1..j, the one step-i key
-    at position a + i (its own chain's earlier drafts; i = j is itself). kvs holds the (k, v)
-    of steps 0..j-1 and gets this step's appended. x (B, T, 2C) -> (B, T, C).
+    """Attention of unroll step j = len(kvs) over (B, T) positions, with the keys an inference
+    chain sees: the query at p, in the chain anchored at a = p - j, sees step-0 keys at <= a (true
+    context) and, for i = 1..j, the step-i key at a + i (its chain's drafts; i = j is itself).
+    kvs holds the (k, v) of steps 0..j-1 and gets this step's appended. x (B, T, 2C) -> (B, T, C).
     Dense over all (j+1) T keys: wasteful, but plain, and fine at our sizes."""
     B, T, _ = x.shape
     q = attn.project_q(x, cos, sin)                                   # (B, H, T, D)
     kvs.append(attn.project_kv(x, cos, sin))                          # (B, H_kv, T, D) each
     j, dev = len(kvs) - 1, x.device
-    k = torch.cat([k for k, _ in kvs], 2)                     # (B, H_kv, (j+1) T, D): step 0, 1, ..
-    v = torch.cat([v for _, v in kvs], 2)                             # (B, H_kv, (j+1) T, D)
+    k, v = (torch.cat(t, 2) for t in zip(*kvs))               # (B, H_kv, (j+1) T, D): step 0, 1, ..
     step = torch.arange(j + 1, device=dev).repeat_interleave(T)       # ((j+1) T,) step of each key
     kpos = torch.arange(T, device=dev).repeat(j + 1)          # ((j+1) T,) position of each key
     a = torch.arange(T, device=dev)[:, None] - j                      # (T, 1) anchor of each query
@@ -68,10 +60,9 @@ def ttt_attention(attn, x, cos, sin, kvs):
 
 
 class EagleLayer(nn.Module):
-    """One decoder layer of the target's kind whose attention reads 2C: [norm(e); norm(h)].
-    As in EAGLE-3's code, q/k/v are widened to take 2C and the residual stream is the feature h
-    itself: simpler than a Linear(2C -> C) before a standard Block (one matrix and one norm
-    fewer), and feeding back its own output feature keeps it on the same residual stream."""
+    """One decoder layer of the target's kind whose attention reads 2C: [norm(e); norm(h)]. As in
+    EAGLE-3's code, q/k/v take 2C and the residual stream is the feature h itself, so feeding
+    back its own output keeps it on the same stream (and saves a Linear(2C -> C))."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -88,10 +79,8 @@ class EagleLayer(nn.Module):
         """e, h (B, T, C): token embeddings and features -> output features (B, T, C).
         With ttt_kvs (a list) the training-time-test attention, else cached causal attention."""
         x = torch.cat([self.e_norm(e), self.h_norm(h)], -1)           # (B, T, 2C)
-        if ttt_kvs is None:
-            h = h + self.attn(x, cos, sin, cache, 0, pos)
-        else:
-            h = h + ttt_attention(self.attn, x, cos, sin, ttt_kvs)
+        h = h + (self.attn(x, cos, sin, cache, 0, pos) if ttt_kvs is None
+                 else ttt_attention(self.attn, x, cos, sin, ttt_kvs))
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -101,14 +90,11 @@ class Eagle(nn.Module):
     def __init__(self, cfg, hidden_layers=None, ttt_steps=7):
         super().__init__()
         self.cfg, self.ttt_steps = cfg, ttt_steps
-        self.hidden_layers = tuple(hidden_layers or default_layers(cfg.n_layer))
+        hl = self.hidden_layers = tuple(hidden_layers or default_layers(cfg.n_layer))
         # NOTE: model.forward returns each tapped layer once, in depth order: insist on that
-        hl = self.hidden_layers
         if list(hl) != sorted(set(hl)) or hl[0] < 0 or hl[-1] > cfg.n_layer:
-            raise ValueError(f"hidden_layers {self.hidden_layers}: need increasing indices in "
-                             f"0..{cfg.n_layer}")
-        # fuse 3C -> C
-        self.fc = nn.Linear(len(self.hidden_layers) * cfg.n_embd, cfg.n_embd, bias=False)
+            raise ValueError(f"hidden_layers {hl}: need increasing indices in 0..{cfg.n_layer}")
+        self.fc = nn.Linear(len(hl) * cfg.n_embd, cfg.n_embd, bias=False)  # fuse 3C -> C
         self.layer = EagleLayer(cfg)
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         for p in self.parameters():
@@ -117,9 +103,6 @@ class Eagle(nn.Module):
 
     def config_dict(self):
         return {"hidden_layers": list(self.hidden_layers), "ttt_steps": self.ttt_steps}
-
-    def n_params(self):
-        return sum(p.numel() for p in self.parameters())
 
     def logits(self, target, h):
         return target.head(self.norm(h))                              # (B, T, V)
@@ -147,12 +130,11 @@ class Eagle(nn.Module):
         if tokens.shape[1] < max(self.ttt_steps, label_from) + 2:
             raise ValueError(f"sequences of {tokens.shape[1]} tokens are too short for "
                              f"{self.ttt_steps} unroll steps and labels from position {label_from}")
-        labels = tokens[:, 2:]                                        # (B, T-2): x_{p+2}
         total, wsum, agree, count = 0.0, 0.0, [], []
         for j, h in enumerate(self.unroll(target, tokens, feats)):
             p0 = max(j, label_from - 2)                               # step j is valid for p >= j
             logits = self.logits(target, h[:, p0:])                   # (B, T-2-p0, V)
-            lab = labels[:, p0:]
+            lab = tokens[:, 2 + p0:]                                  # (B, T-2-p0): x_{p+2}
             total = total + 0.8 ** j * F.cross_entropy(logits.flatten(0, 1).float(), lab.flatten())
             wsum += 0.8 ** j
             agree.append((logits.argmax(-1) == lab).sum())
@@ -169,44 +151,31 @@ class EagleDrafter:
         self.hidden_layers = eagle.hidden_layers
 
     def params(self):
-        return self.eagle.n_params()
+        return sum(p.numel() for p in self.eagle.parameters())
 
     @torch.no_grad()
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
         cfg, dt = self.target.cfg, self.target.head.weight.dtype
-        # the fused feature f_p per position
         self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)
-        self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)
+        self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)  # (B, T_max, C): f_p per position
         self.cache = KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        # the verify pass fed positions n_old - 1 .. n_old - 1 + K; rejected ones are overwritten
-        # later
-        start = n - n_new - 1
-        pos = start[:, None] + torch.arange(feats.shape[1], device=n.device)
-        pos = pos.clamp(max=tokens.shape[1] - 1)
-        idx = pos[..., None].expand(-1, -1, self.feat.shape[2])
-        self.feat.scatter_(1, idx, self.eagle.fc(feats))
+        # as MTPDrafter.update; rejected positions are overwritten later
+        f = self.eagle.fc(feats)                                      # (B, T, C)
+        pos = (n - n_new - 1)[:, None] + torch.arange(f.shape[1], device=n.device)  # (B, T)
+        self.feat.scatter_(1, pos.clamp(max=tokens.shape[1] - 1)[..., None].expand_as(f), f)
 
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
         fed = int(n[b]) - 1                                     # positions 0..fed-1 have features
         self.feat[b, :fed] = self.eagle.fc(feats[0])
-        view = self.cache.row(b)                                # 0..fed-2 now; catch_up does fed-1
-        if fed > 1:
-            self._run(self.target.embed(tokens[b:b + 1, 1:fed]), self.feat[b:b + 1, :fed - 1], view)
+        if fed > 1:                                             # 0..fed-2 now; catch_up does fed-1
+            e, h = self.target.embed(tokens[b:b + 1, 1:fed]), self.feat[b:b + 1, :fed - 1]
+            run_layer(self.eagle.layer, self.target, self.cache.row(b), e, h)
         self.cache.lengths[b] = fed - 1
-
-    def _run(self, e, h, cache=None):
-        """Append positions with inputs e, h (B, T, C) after each row's cache length."""
-        cache = self.cache if cache is None else cache
-        pos = cache.positions(e.shape[1])                             # (B, T)
-        cos, sin = self.target.rope(pos)
-        out = self.eagle.layer(e, h, cos, sin, cache, pos)            # (B, T, C)
-        cache.advance(e.shape[1])
-        return out
 
     @torch.no_grad()
     def catch_up(self, tokens, n):
@@ -218,7 +187,7 @@ class EagleDrafter:
         p_idx = ragged_positions(start, P)                            # (B, m), padded with P
         h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p
         e = self.target.embed(tokens.gather(1, p_idx + 1))      # (B, m, C): x_{p+1}, committed
-        out = self._run(e, h)                                   # padding writes junk past P ...
+        out, _ = run_layer(self.eagle.layer, self.target, cache, e, h)  # junk past P ...
         cache.rollback(P + 1)                                         # ... which this drops
         h = out[torch.arange(len(n), device=n.device), P - start]     # (B, C)
         return h, self.eagle.logits(self.target, h)
@@ -226,25 +195,22 @@ class EagleDrafter:
     @torch.no_grad()
     def step(self, h, d):
         """One chain step: own feature h (B, C), previous draft d (B,) -> next h, logits (B, V)."""
-        h = self._run(self.target.embed(d)[:, None], h[:, None])[:, 0]  # (B, C)
+        e = self.target.embed(d)[:, None]                             # (B, 1, C)
+        h = run_layer(self.eagle.layer, self.target, self.cache, e, h[:, None])[0][:, 0]  # (B, C)
         return h, self.eagle.logits(self.target, h)
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        # NOTE: drafting writes up to K positions past n. Should a row sit too close to the end
-        # of the buffers (a finished row riding along), draft it from an earlier, still exact,
-        # point instead: its drafts are ignored. Defensive only: speculate.generate reserves
-        # K+1 positions of headroom, so this never binds there.
+        # NOTE: drafting writes up to K positions past n: a row too close to the buffers' end (a
+        # finished one, drafts unused) drafts from an earlier point; speculate.generate leaves room
         n = n.clamp(max=tokens.shape[1] - K - 1)
         h, logits = self.catch_up(tokens, n)
         drafts, qs = [], []
         for i in range(K):
-            # a real q when sampling
             d, q = draft_token(logits, temperature, top_k, generator, self.sample)
             drafts.append(d)
             qs += [q] if q is not None else []
             if i < K - 1:
                 h, logits = self.step(h, d)                          # feed back own feature + draft
         self.cache.rollback(n - 1)                              # keep only exact positions 0..n-2
-        # (B, K), (B, K, V) | None
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V)

@@ -1,7 +1,6 @@
 """
-The two drafters that read no target features, and the helpers every drafter with a cache of
-its own shares (mtp.py and draft_eagle.py use them too). The interface they implement is in
-speculate.py's docstring.
+The two drafters that read no target features, and the helpers the drafters with a cache of
+their own share (mtp.py, draft_eagle.py). Their interface is in speculate.py's docstring.
 
   ngram  prompt lookup (Saxena 2023): the tokens that followed the latest earlier occurrence
          of the last n committed tokens. No training, no model, no q.
@@ -19,10 +18,9 @@ from speculate import NO_DRAFT
 
 
 def ragged_positions(start, last):
-    """Positions start[b]..last[b] of every row, padded to one width by repeating last[b]:
-    (B, m). This is how the drafters with a cache of their own (draft, mtp, eagle) catch it up
-    on rows of different lengths in one pass; the padding writes junk past a row's end, which
-    the caller's rollback hides."""
+    """Positions start[b]..last[b] of every row, padded by repeating last[b]: (B, m). The drafters
+    with a cache of their own catch it up on ragged rows in one pass this way; the padding writes
+    junk past a row's end, which the caller's rollback hides."""
     m = int((last - start).max()) + 1
     return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
 
@@ -40,10 +38,18 @@ def feed_ragged(model, cache, tokens, n):
     return logits.gather(1, last.expand(-1, 1, logits.shape[-1]))[:, 0]
 
 
+def run_layer(layer, target, cache, *inputs):
+    """Run a drafter's layer (an MTP module, EAGLE's) on inputs (B, T, C) at the positions after
+    each row's cache length, appending them to cache -> output (B, T, C), positions (B, T)."""
+    pos = cache.positions(inputs[0].shape[1])
+    out = layer(*inputs, *target.rope(pos), cache, pos)
+    cache.advance(pos.shape[1])
+    return out, pos
+
+
 def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
-    """One draft per row from (B, V) logits. When sampling, draw it from the warped q and return
-    q too, for the verifier's ratio test; otherwise take the argmax (q one-hot: returned as
-    None)."""
+    """One draft per row from (B, V) logits: drawn from the warped q, returned too for the ratio
+    test, when sampling; else the argmax (q one-hot: None)."""
     if temperature > 0 and sample:
         q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
         return draw(q, generator), q
@@ -51,11 +57,9 @@ def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True
 
 
 class NgramDrafter:
-    """Prompt lookup decoding: find the latest earlier occurrence of the last `max_n` committed
-    tokens (falling back to shorter n-grams) and propose the K tokens that followed it. Without
-    a match it proposes nothing, and the step costs what a step of plain decoding costs. In a
-    batch a row without a match leaves its slots empty (NO_DRAFT) beside rows that drafted, so
-    every row decodes as it would alone."""
+    """Prompt lookup, falling back from `max_n`-grams to shorter ones. Without a match it proposes
+    nothing (a step of plain decoding); in a batch such a row leaves its slots empty (NO_DRAFT)
+    beside rows that drafted, so every row decodes as it would alone."""
     hidden_layers = ()
 
     def __init__(self, n=3, min_n=1):
@@ -63,40 +67,29 @@ class NgramDrafter:
             raise ValueError(f"ngram keys need 1 <= min_n <= n, got n={n}, min_n={min_n}")
         self.max_n, self.min_n = n, min_n
 
-    def prefill(self, tokens, n, feats):
+    def prefill(self, *args):  # no state: propose reads the committed tokens afresh
         pass
-
-    def update(self, tokens, n, feats, n_new):
-        pass
-
-    def refill(self, b, tokens, n, feats):
-        pass
+    update = refill = prefill
 
     def _lookup(self, seq, K):
         for m in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
             key = seq[-m:]
             for start in range(len(seq) - m - 1, -1, -1):  # latest occurrence first
                 if seq[start:start + m] == key:
-                    # copy what followed; past the end of seq keep copying from the copy itself,
-                    # so a short cycle (a repeating line, a loop) fills all K drafts
-                    ext = list(seq)
-                    for i in range(K):
-                        ext.append(ext[start + m + i])
-                    return ext[len(seq):]
+                    # copy what followed, cyclically, so a short loop fills all K drafts
+                    follow = seq[start + m:]
+                    return [follow[i % len(follow)] for i in range(K)]
         return []
 
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        seqs = [tokens[b, :int(n[b])].tolist() for b in range(tokens.shape[0])]
-        rows = [self._lookup(seq, K) for seq in seqs]
-        width = max(map(len, rows))  # K, or 0 when no row matched
+        rows = [self._lookup(tokens[b, :int(n[b])].tolist(), K) for b in range(tokens.shape[0])]
+        width = max(map(len, rows))  # K, or 0 when no row matched: (B, 0), a plain step
         rows = [r or [NO_DRAFT] * width for r in rows]
-        # argmax-style drafts (q one-hot); (B, 0) is a step of plain decoding
-        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None
+        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None  # q one-hot
 
 
 class ModelDrafter:
-    """A smaller model of the target's family (model.py) with its own KV cache drafts K tokens
-    autoregressively; when sampling it draws them from its real distribution q."""
+    """A smaller model of the target's family drafts K tokens one at a time (module docstring)."""
     hidden_layers = ()
 
     def __init__(self, model, sample=True):
@@ -107,13 +100,13 @@ class ModelDrafter:
         return self.model.n_params()
 
     def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
-        if tokens.shape[1] > self.model.cfg.max_seq_len:  # its positions run as far as the target's
-            raise ValueError(f"this run needs {tokens.shape[1]} positions (prompt + new tokens + "
-                             f"draft headroom), "
-                             f"past the draft model's context of {self.model.cfg.max_seq_len}")
+        T, ctx = tokens.shape[1], self.model.cfg.max_seq_len
+        if T > ctx:  # its positions run as far as the target's
+            raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
+                             f"headroom), past the draft model's context of {ctx}")
         self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
 
-    def update(self, tokens, n, feats, n_new):
+    def update(self, *args):  # propose catches up on the committed tokens itself
         pass
 
     @torch.no_grad()

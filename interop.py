@@ -2,13 +2,11 @@
 Real formats in and out (DESIGN.md sec. 10): a Hugging Face Qwen3 checkpoint and its tokenizer
 load into model.py's Transformer and a tiktoken encoding, and a DFlash drafter moves in z-lab's
 folder layout, the one vLLM (`"method": "dflash"`) and SGLang (`DFLASH`) load. Our target is a
-Qwen3 already (same blocks, norms, RoPE), so this file is names, shapes and files, no math.
+Qwen3 already, so this file is names, shapes and files, no math. checkpoint.load_target takes a
+Qwen3 folder wherever it takes a .pt file, and load_drafter("dflash", ...) a z-lab folder.
 
     python checkpoint.py hf out/hf       # the committed target, tokenizer and DFlash drafter
     python sample.py --target out/hf/target --weights out/hf/dflash --method dflash --check
-
-checkpoint.load_target takes a Hugging Face folder wherever it takes a .pt file, and
-checkpoint.load_drafter("dflash", ...) a z-lab folder.
 """
 
 import json
@@ -29,23 +27,25 @@ LAYER_KEYS = {f"{ours}.weight": f"{theirs}.weight" for ours, theirs in [
     ("attn.wv", "self_attn.v_proj"), ("attn.wo", "self_attn.o_proj"),
     ("attn.q_norm", "self_attn.q_norm"), ("attn.k_norm", "self_attn.k_norm"),
     ("mlp.w_gate", "mlp.gate_proj"), ("mlp.w_up", "mlp.up_proj"), ("mlp.w_down", "mlp.down_proj")]}
+# GPT-2's map of the 256 bytes to the characters that byte-level BPE vocabularies spell tokens
+# with (a space is 'Ġ'): printable bytes (! to ~, ¡ to ¬, ® to ÿ) stay, the rest from chr(256)
+PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+OTHERS = [b for b in range(256) if b not in PRINTABLE]
+BYTE_CHARS = {**{b: chr(b) for b in PRINTABLE}, **{b: chr(256 + i) for i, b in enumerate(OTHERS)}}
 # Qwen2's split regex (Qwen3 keeps it): a GPT-4-like pre-tokenizer with single digits
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-# -----------------------------------------------------------------------------
 # folders: config.json and safetensors
-
-def read_config(folder, architectures):
+def read_config(folder, architecture):
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     with open(path) as f:
         c = json.load(f)
-    if not set(c.get("architectures") or []) & set(architectures):
-        raise ValueError(f"{path}: architectures {c.get('architectures')}; this loads "
-                         f"{' or '.join(architectures)}")
+    if architecture not in (c.get("architectures") or []):
+        raise ValueError(f"{path}: this loads {architecture}, not {c.get('architectures')}")
     if c.get("attention_bias") or c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{path}: attention biases or an activation other than silu")
     return c
@@ -53,23 +53,15 @@ def read_config(folder, architectures):
 
 def read_weights(folder):
     """All tensors of model.safetensors, or of the shards model.safetensors.index.json names."""
-    index = os.path.join(folder, "model.safetensors.index.json")
+    index, shards = os.path.join(folder, "model.safetensors.index.json"), ["model.safetensors"]
     if os.path.isfile(index):
         with open(index) as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        shards = ["model.safetensors"]
-    sd = {}
-    for shard in shards:
-        if not os.path.isfile(os.path.join(folder, shard)):
-            raise FileNotFoundError(f"{folder}: {shard} is missing")
-        sd.update(load_file(os.path.join(folder, shard)))
-    return sd
+    return {k: v for s in shards for k, v in load_file(os.path.join(folder, s)).items()}
 
 
 def qwen3_fields(c):
-    """Config's fields from a Qwen3 config.json (transformers 4's rope_theta or 5's
-    rope_parameters)."""
+    """Config's fields of a Qwen3 config.json (rope_theta or transformers 5's rope_parameters)."""
     rope = c.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
         raise ValueError(f"RoPE scaling {rope or c.get('rope_scaling')} is not supported")
@@ -81,32 +73,35 @@ def qwen3_fields(c):
                 head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
 
 
-def qwen3_config(cfg, **extra):
-    return dict(hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-                num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
-                head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, intermediate_size=cfg.mlp_hidden,
-                max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-                rope_theta=cfg.rope_theta, hidden_act="silu", attention_bias=False,
-                tie_word_embeddings=cfg.tie_embeddings, model_type="qwen3", **extra)
+def save_folder(module, names, cfg, folder, dtype, **extra):
+    """config.json (cfg as a Qwen3's, and extra) and model.safetensors under the file's names."""
+    c = dict(hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+             num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+             intermediate_size=cfg.mlp_hidden, max_position_embeddings=cfg.max_seq_len,
+             rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, hidden_act="silu",
+             attention_bias=False, tie_word_embeddings=cfg.tie_embeddings, model_type="qwen3")
+    os.makedirs(folder, exist_ok=True)
+    sd = module.state_dict()
+    save_file({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
+              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**c, **extra, "torch_dtype": str(dtype)[6:]}, f, indent=1)
 
 
 def load_renamed(module, sd, names, where):
     """module's weights from sd, where names maps our parameter names to the file's. Missing,
     unexpected and misshapen tensors are refused in one line, before anything is copied."""
-    ours = module.state_dict()
-    missing = [theirs for k, theirs in names.items() if theirs not in sd]
+    missing = [t for t in names.values() if t not in sd]
     extra = sorted(set(sd) - set(names.values()))
-    bad = [f"{names[k]} {tuple(sd[names[k]].shape)} (config: {tuple(v.shape)})" for k, v in
-           ours.items() if k in names and names[k] in sd and sd[names[k]].shape != v.shape]
+    bad = [f"{t} {tuple(sd[t].shape)} (config: {tuple(v.shape)})" for k, v in
+           module.state_dict().items() if (t := names.get(k)) in sd and sd[t].shape != v.shape]
     for what, items in (("missing", missing), ("unexpected", extra), ("of the wrong shape", bad)):
         if items:
             raise ValueError(f"{where}: {len(items)} tensors {what}, e.g. {', '.join(items[:3])}")
     module.load_state_dict({k: sd[theirs].float() for k, theirs in names.items()}, strict=False)
 
 
-# -----------------------------------------------------------------------------
 # the target: Qwen3ForCausalLM
-
 def target_names(cfg):
     names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not cfg.tie_embeddings:  # tied: lm_head is absent from the file
@@ -117,10 +112,9 @@ def target_names(cfg):
 
 
 def load_hf_target(folder, device="cpu", dtype=torch.float32):
-    c = read_config(folder, ["Qwen3ForCausalLM"])
+    c = read_config(folder, "Qwen3ForCausalLM")
     cfg = Config(**qwen3_fields(c), tie_embeddings=bool(c.get("tie_word_embeddings", False)))
-    model = Transformer(cfg)
-    sd = read_weights(folder)
+    model, sd = Transformer(cfg), read_weights(folder)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)  # some tied checkpoints store it anyway
     load_renamed(model, sd, target_names(cfg), folder)
@@ -128,41 +122,14 @@ def load_hf_target(folder, device="cpu", dtype=torch.float32):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def save_folder(module, names, config, folder, dtype):
-    """config.json and model.safetensors, with our weights under the file's names."""
-    os.makedirs(folder, exist_ok=True)
-    sd = module.state_dict()
-    save_file({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
-              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**config, "torch_dtype": str(dtype)[6:]}, f, indent=1)
-
-
 def save_hf_target(model, folder, dtype=torch.bfloat16):
-    config = qwen3_config(model.cfg, architectures=["Qwen3ForCausalLM"])
-    save_folder(model, target_names(model.cfg), config, folder, dtype)
+    save_folder(model, target_names(model.cfg), model.cfg, folder, dtype,
+                architectures=["Qwen3ForCausalLM"])
 
 
-# -----------------------------------------------------------------------------
 # the tokenizer: tokenizer.json (byte-level BPE) <-> tiktoken
-
-def bytes_to_unicode():
-    """GPT-2's map of the 256 bytes to printable characters, as byte-level BPE vocabularies
-    spell their tokens (a space is 'Ġ')."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), 256)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b], extra = chr(256 + extra), extra + 1
-    return chars
-
-
 class NFCEncoding(tiktoken.Encoding):
     """A tiktoken encoding that first NFC-normalizes its text, as Qwen's tokenizer.json says."""
-
     def encode_ordinary(self, text):
         return super().encode_ordinary(unicodedata.normalize("NFC", text))
 
@@ -188,7 +155,7 @@ def load_hf_tokenizer(folder):
         tj = json.load(f)
     if tj["model"]["type"] != "BPE":
         raise ValueError(f"{path}: a {tj['model']['type']} model; only byte-level BPE is supported")
-    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    byte_of = {c: b for b, c in BYTE_CHARS.items()}
     try:
         ranks = {bytes(byte_of[c] for c in tok): i for tok, i in tj["model"]["vocab"].items()}
     except KeyError:
@@ -215,8 +182,7 @@ def save_hf_tokenizer(enc, folder, pattern):
     """tokenizer.json of a tiktoken encoding: vocab, merges, split regex, special tokens."""
     ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab)
              if i not in enc._special_tokens.values()}
-    char = bytes_to_unicode()
-    spell = lambda b: "".join(char[x] for x in b)
+    spell = lambda b: "".join(BYTE_CHARS[x] for x in b)
     merges = [[spell(a), spell(b)] for tok in sorted(ranks, key=ranks.get) if len(tok) > 1
               for a, b in [bpe_parts(tok, ranks)]]
     level = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False)
@@ -236,9 +202,7 @@ def save_hf_tokenizer(enc, folder, pattern):
         json.dump(tj, f, ensure_ascii=False)
 
 
-# -----------------------------------------------------------------------------
 # the DFlash drafter: z-lab's layout
-
 def dflash_names(n_layer):
     names = {"fc.weight": "fc.weight", "ctx_norm.weight": "hidden_norm.weight",
              "norm.weight": "norm.weight"}
@@ -250,30 +214,27 @@ def dflash_names(n_layer):
 def load_zlab_dflash(folder, target):
     """A z-lab DFlash folder as our DFlash module for this target. z-lab's target_layer_ids
     index transformers' hidden_states[id + 1], the output of 0-based layer id: our layer id + 1."""
-    c = read_config(folder, ["DFlashDraftModel"])
-    tc, dc = target.cfg, c.get("dflash_config") or {}
+    c = read_config(folder, "DFlashDraftModel")
+    tc, dc, L = target.cfg, c.get("dflash_config") or {}, target.cfg.n_layer
     layer_cfg = Config(**{**qwen3_fields(c), "vocab_size": tc.vocab_size})
     ids = dc.get("target_layer_ids")
-    if not ids or not all(0 <= i < tc.n_layer for i in ids):
-        raise ValueError(f"{folder}: target_layer_ids {ids} do not fit a target of "
-                         f"{tc.n_layer} layers")
-    shape = lambda c: (c.n_embd, c.head_dim, c.rope_theta)
-    if shape(layer_cfg) != shape(tc):  # it reads the target's embeddings and RoPE tables
-        raise ValueError(f"{folder}: hidden size, head size or RoPE theta differ from the target's")
-    if dc.get("mask_token_id") is None or not 0 <= dc["mask_token_id"] < tc.vocab_size:
-        raise ValueError(f"{folder}: dflash_config.mask_token_id {dc.get('mask_token_id')} is not "
-                         f"a token of the target's vocabulary of {tc.vocab_size}")
+    if not ids or not all(0 <= i < L for i in ids):
+        raise ValueError(f"{folder}: target_layer_ids {ids} do not fit a target of {L} layers")
+    shape, mask = lambda c: (c.n_embd, c.head_dim, c.rope_theta), dc.get("mask_token_id")
+    # it reads the target's embeddings and RoPE tables, and masks with a token of its vocabulary
+    if shape(layer_cfg) != shape(tc) or mask not in range(tc.vocab_size):
+        raise ValueError(f"{folder}: hidden size, head size, RoPE theta or mask_token_id {mask} "
+                         f"do not fit the target")
     model = DFlash(tc, n_layer=c["num_hidden_layers"], block_size=c.get("block_size", 16),
-                   mask_id=dc["mask_token_id"], hidden_layers=[i + 1 for i in ids],
-                   layer_cfg=layer_cfg)
+                   mask_id=mask, hidden_layers=[i + 1 for i in ids], layer_cfg=layer_cfg)
     load_renamed(model, read_weights(folder), dflash_names(model.n_layer), folder)
     return model.to(target.head.weight).eval()
 
 
 def save_zlab_dflash(dflash, folder, dtype=torch.bfloat16):
     ids = [l - 1 for l in dflash.hidden_layers]
-    config = qwen3_config(Config(**{**vars(dflash.layer_cfg), "n_layer": dflash.n_layer}),
-                          architectures=["DFlashDraftModel"], block_size=dflash.block_size,
-                          num_target_layers=dflash.cfg.n_layer,
-                          dflash_config=dict(target_layer_ids=ids, mask_token_id=dflash.mask_id))
-    save_folder(dflash, dflash_names(dflash.n_layer), config, folder, dtype)
+    cfg = Config(**{**vars(dflash.layer_cfg), "n_layer": dflash.n_layer})
+    save_folder(dflash, dflash_names(dflash.n_layer), cfg, folder, dtype,
+                architectures=["DFlashDraftModel"], block_size=dflash.block_size,
+                num_target_layers=dflash.cfg.n_layer,
+                dflash_config=dict(target_layer_ids=ids, mask_token_id=dflash.mask_id))

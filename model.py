@@ -1,13 +1,12 @@
 """
 The target: a small Qwen3-style decoder-only transformer (DESIGN.md sec. 3).
 
-Token embedding; N blocks of pre-RMSNorm attention (RoPE, grouped-query heads, RMSNorm on
-q and k per head) and SwiGLU MLP; final RMSNorm; untied LM head. `forward` can return the
-hidden states of chosen layers (index 0 = embedding output, i = output of block i), which is
-what every feature-based drafter (MTP, EAGLE, DFlash) conditions on.
+Token embedding; N blocks of pre-RMSNorm attention (RoPE, grouped-query heads, q/k RMSNorm)
+and SwiGLU MLP; final RMSNorm; LM head. `forward` can also return the hidden states of chosen
+layers, which every feature-based drafter (MTP, EAGLE, DFlash) conditions on.
 
-The naive, cache-free `generate` (last of the model code) is the reference every fast path in this
-repo is tested against: speculative decoding must reproduce it token for token (greedy).
+The naive, cache-free `generate` at the end is the reference every fast path is tested against:
+speculative decoding must reproduce it token for token (greedy).
 
     python sample.py --method ar --prompt "def parse(" --check   # decode, compare with generate
 """
@@ -34,24 +33,21 @@ class Config:  # placeholder sizes: every model is built from a PRESETS entry be
     max_seq_len: int = 512     # longest context (RoPE table, KV cache size)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
-    # two fields real Qwen3 checkpoints need (interop.py): a head size other than C / n_head
-    # (Qwen3-0.6B: 1024 / 16 heads, head_dim 128), and a head that shares the embedding's weights
+    # for real Qwen3 checkpoints (interop.py): Qwen3-0.6B has head_dim 128 != 1024 / 16 heads
     head_dim: int = 0          # 0: n_embd // n_head
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False  # the head shares the embedding's weights
 
     def __post_init__(self):
         self.head_dim = self.head_dim or self.n_embd // self.n_head
 
 
-# Presets: `tiny` for tests (seconds), `cpu` for the CPU benchmark (its size is a trade-off:
-# bigger targets are more memory-bound, which favours speculation, but train slower on 2
-# cores), `gpu` (~100M params) trains in minutes on one H200. vocab_size is filled from the
-# tokenizer at build time.
+# `tiny` for tests (seconds), `cpu` for the CPU benchmark, `gpu` (~100M params: minutes on one
+# H200). vocab_size is filled from the tokenizer at build time.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, max_seq_len=256),
     "cpu": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=768, max_seq_len=384),
     "gpu": dict(n_layer=14, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048, max_seq_len=1024),
-    # the small models of the `draft` method (speculate.py): same family, same context
+    # the small models of the `draft` method (draft_simple.py): same family, same context
     "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384,
                       max_seq_len=384),
     "gpu-draft": dict(n_layer=4, n_head=8, n_kv_head=4, n_embd=256, mlp_hidden=768,
@@ -60,8 +56,7 @@ PRESETS = {
 
 
 def rms_norm(x, weight, eps):
-    # weight in x's dtype: under bf16 autocast x is bf16 and the weight float32, and a mixed
-    # pair falls back from the fused kernel (with a warning); a no-op in float32
+    # weight in x's dtype: under bf16 autocast a float32 weight would miss the fused kernel
     return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
 
 
@@ -92,19 +87,16 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-# Decoding runs without cuDNN's attention, the backend torch picks for grouped-query attention
-# in bfloat16 on a GPU. It builds a plan for each new shape, and decoding attends to a new number
-# of keys at every pass: ~70 ms per new length on an H200, against ~0.1 ms for a planned pass,
-# which made bfloat16 decoding 9x slower than float32 there (measured). Training's fixed shapes
-# keep it. Both decoders (`generate` below and speculate.generate) run under this.
+# Both decoders (`generate` below, speculate.generate) run without cuDNN's attention, which torch
+# picks for bf16 GQA on a GPU: it plans each new shape (~70 ms), and decoding attends to a new
+# number of keys every pass (docs/experiments.md, "bfloat16 and cuDNN"). Training keeps it.
 DECODING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with per-head q/k RMSNorm and RoPE.
-    The projections are exposed (wq, wk, wv, wo, q_norm, k_norm; project_q, project_kv) because
-    the drafters' own layers (this class, their own weights) reuse them: DFlash to project the
-    target's context features into keys and values, EAGLE for its training-time-test attention."""
+    """Grouped-query self-attention with per-head q/k RMSNorm and RoPE. project_q, project_kv
+    are separate because the drafters reuse them: DFlash to turn the target's features into keys
+    and values, EAGLE for its training-time-test attention."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -114,8 +106,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(C, cfg.n_kv_head * D, bias=False)
         self.wv = nn.Linear(C, cfg.n_kv_head * D, bias=False)
         self.wo = nn.Linear(cfg.n_head * D, C, bias=False)
-        self.q_norm = RMSNorm(D, cfg.norm_eps)
-        self.k_norm = RMSNorm(D, cfg.norm_eps)
+        self.q_norm, self.k_norm = RMSNorm(D, cfg.norm_eps), RMSNorm(D, cfg.norm_eps)
 
     def project_kv(self, x, cos, sin):
         """x (B, T, C) -> k, v (B, H_kv, T, D), k normed and rotated."""
@@ -168,7 +159,6 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
@@ -181,20 +171,16 @@ class Transformer(nn.Module):
         cos, sin = rope_table(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.apply(self._init_weights)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
-            if name.endswith("wo.weight") or name.endswith("w_down.weight"):
+            if name.endswith(("wo.weight", "w_down.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
-    @staticmethod
-    def _init_weights(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-
     def _apply(self, fn, *args, **kwargs):
-        # model.to(bfloat16) would round the RoPE tables too: keep the exact float32 ones and
-        # only move them (kv_inject requires float32, and bf16's 8 bits cannot tell the
-        # angles of nearby positions apart)
+        # NOTE: model.to(bfloat16) would round the RoPE tables too (bf16 cannot tell nearby
+        # positions' angles apart, and kv_inject needs float32): keep them float32, only move them
         cos, sin = self.rope_cos, self.rope_sin
         super()._apply(fn, *args, **kwargs)
         dev = self.rope_cos.device
@@ -209,18 +195,15 @@ class Transformer(nn.Module):
         return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
 
     def forward(self, idx, cache=None, hidden_layers=(), last_only=False, tree=None):
-        """idx (B, T) token ids. With a cache, the tokens are appended after each row's
-        current length and the cache advances by T; without one, positions start at 0.
-        tree = (pos (B, T), mask (B, 1, T, T_keys)): a draft tree's RoPE positions and
-        ancestor-only mask (tree.py) in place of the cache's causal ones.
-        Returns logits (B, T, V) (or (B, 1, V) with last_only) and the list of hidden
-        states (B, T, C) at the requested layer indices (0 = embedding, i = block i), in depth
-        order, each layer once, whatever the order of hidden_layers."""
+        """idx (B, T) token ids. With a cache, they are appended after each row's current length
+        and the cache advances by T; without one, positions start at 0. tree = (pos (B, T), mask
+        (B, 1, T, T_keys)): a draft tree's positions and ancestor mask (tree.py) instead.
+        Returns logits (B, T, V) (or (B, 1, V) with last_only) and the hidden states (B, T, C)
+        at the requested layers (0 = embedding, i = block i), each once, in depth order."""
         B, T = idx.shape
         if cache is None:
             if T > self.cfg.max_seq_len:
-                raise ValueError(f"sequence of {T} tokens exceeds max_seq_len "
-                                 f"{self.cfg.max_seq_len}")
+                raise ValueError(f"{T} tokens exceed max_seq_len {self.cfg.max_seq_len}")
             slots = torch.arange(T, device=idx.device).expand(B, T)
         else:
             slots = cache.positions(T)  # (B, T) per-row cache slots: also the positions
@@ -234,25 +217,21 @@ class Transformer(nn.Module):
                 hidden.append(x)
         if cache is not None:
             cache.advance(T)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(self.norm(x)), hidden
+        return self.head(self.norm(x[:, -1:] if last_only else x)), hidden
 
     def new_cache(self, batch_size, max_len=None, dtype=None):
         cfg = self.cfg
         return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len,
-                       cfg.head_dim,
-                       device=self.head.weight.device, dtype=dtype or self.head.weight.dtype)
+                       cfg.head_dim, self.head.weight.device, dtype or self.head.weight.dtype)
 
 
 # -----------------------------------------------------------------------------
 # sampling and the naive reference generate
 
 def logits_to_probs(logits, temperature=1.0, top_k=None):
-    """Warp logits (..., V) into the distribution that decoding samples from: divide by the
+    """Warp logits (..., V) into the distribution decoding samples from: divide by the
     temperature, keep the top_k largest, softmax. Speculative decoding must warp the target's p
-    exactly like this, or its output would not be plain decoding's. The drafters warp their q
-    the same way; losslessness holds for any q, but a q close to p gets more drafts accepted."""
+    exactly like this to stay lossless; the drafters warp their q alike, so more gets accepted."""
     logits = logits.float() / max(temperature, 1e-8)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -262,19 +241,15 @@ def logits_to_probs(logits, temperature=1.0, top_k=None):
 
 def draw(probs, generator=None):
     """One draw per row of probs (..., V) -> (...), by inverse CDF: the first token whose running
-    sum exceeds u * total, with u uniform and the product kept below the total. In float64, so
-    the drawn distribution is probs up to ~1e-16 per token even at V = 151,936 (float32's 2^-24
-    steps of u would be off by ~1e-3 in total variation there). A token of zero probability
-    leaves the running sum flat, so it is never drawn on a CPU, whose cumsum adds in order; a
-    GPU's parallel scan may leave a step of one double rounding there (~1e-16). A row with no
-    mass (all zero, NaN) gives V, out of range, which the next embedding lookup rejects.
-    torch.multinomial(probs, 1) draws the same, but on a CPU it took 1.6-2.0 ms for DFlash's 15
-    slots of 4,098 tokens, a tenth of a pass at T = 1, against 0.07 ms here."""
+    sum exceeds u * total, u uniform. In float64: exact to ~1e-16 per token even at V = 151,936
+    (float32's steps of u would be ~1e-3 off). A zero-probability token leaves the sum flat, so
+    it is never drawn (a GPU's parallel cumsum may round there by ~1e-16). A row with no mass
+    gives V, which the next embedding lookup rejects. torch.multinomial draws the same
+    distribution, ~25x slower on a CPU (docs/experiments.md)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
-    # u * total may round up to total
-    x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))
+    x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up
     return torch.searchsorted(cdf, x, right=True)[..., 0]
 
 
@@ -286,14 +261,10 @@ def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generat
     last max_seq_len tokens (nanoGPT's crop), where speculate.generate refuses the run."""
     if not temperature >= 0:  # NaN too; a negative one decoded greedily without a word
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    device = model.head.weight.device
-    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    ids = torch.tensor([prompt], dtype=torch.long, device=model.head.weight.device)
     for _ in range(max_new_tokens):
-        logits, _ = model(ids[:, -model.cfg.max_seq_len:], last_only=True)
-        if temperature == 0:
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-        else:
-            probs = logits_to_probs(logits[:, -1], temperature, top_k)
-            nxt = draw(probs, generator)[:, None]
-        ids = torch.cat([ids, nxt], dim=1)
+        logits = model(ids[:, -model.cfg.max_seq_len:], last_only=True)[0][:, -1]  # (1, V)
+        nxt = (logits.argmax(-1) if temperature == 0
+               else draw(logits_to_probs(logits, temperature, top_k), generator))
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
     return ids[0, len(prompt):].tolist()

@@ -1,35 +1,29 @@
 """
 Multi-token prediction (MTP) modules, DeepSeek-V3 style (arXiv 2412.19437, sec. 2.2).
 
-D sequential modules sit on top of the target. Module k at position t combines
-RMSNorm(h^{k-1}_t) (the previous depth's hidden state; depth 0 = the target's last block)
-with RMSNorm(embed(x_{t+k})) (the embedding of the next known token) through a linear map
-2C -> C, runs one transformer block of the target's kind, and predicts x_{t+k+1} with the
-target's shared embedding and head:
+D sequential modules sit on top of the target. Module k at position t fuses the previous depth's
+hidden state (depth 0: the target's last block) with the embedding of the next known token,
+runs one block of the target's kind and predicts x_{t+k+1} with the target's embedding and head:
 
     h^k_t = Block(W [norm(h^{k-1}_t); norm(embed(x_{t+k}))]),   logits = head(norm(h^k_t))
 
 Two ways to get them: native, trained with the target (`python train.py --mtp-depth 3`,
 loss weight lambda / D), or post-hoc on a frozen target (`python train_drafter.py --method mtp`).
 
-As a drafter, module k's output at the last fed position t = N-2 predicts token N-1+k, so a
-chain of D modules drafts D tokens. Each module attends causally over all earlier positions,
-so each keeps a KV cache of its own. Module k's entry at position p is exact only when its
-input token x_{p+k} is committed, i.e. p <= N-1-k: each propose() first catches every module
-up on positions that became exact, runs the draft chain, then rolls the tentative entries
-back. Confidence gating (bench.py's `--mtp-draft N --mtp-margin M`, as in a local DeepSeek V4
-engine): draft at most N tokens, and stop a row's chain after the first module at which its
-top-1 vs top-2 raw-logit margin is below M (that module's draft is still proposed); a stopped
-row leaves its later slots empty (NO_DRAFT) while other rows draft on, and the chain ends when
-every row has stopped.
+As a drafter, module k's output at the last fed position t = N-2 predicts token N-1+k: D modules
+draft D tokens. Each module keeps a KV cache of its own, whose entry at p is exact only once its
+input x_{p+k} is committed (p <= N-1-k): propose() catches every module up on the positions that
+became exact, runs the chain, then rolls the tentative entries back. Confidence gate
+(`--mtp-draft N --mtp-margin M`): draft at most N tokens, and stop a row after the first module
+whose top-1 vs top-2 logit margin is below M (that draft still counts); a stopped row leaves
+its later slots empty (NO_DRAFT) while the others draft on.
 """
-
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from draft_simple import draft_token, ragged_positions
+from draft_simple import draft_token, ragged_positions, run_layer
 from kv_cache import KVCache
 from model import Block, RMSNorm
 from speculate import NO_DRAFT
@@ -55,18 +49,16 @@ class MTP(nn.Module):
         super().__init__()
         self.cfg, self.depth = cfg, depth
         self.mods = nn.ModuleList([MTPModule(cfg) for _ in range(depth)])
-        for name, p in self.named_parameters():
+        for p in self.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, 0.0, 0.02)
 
     def losses(self, target, tokens, h0, label_from=0):
-        """Per-depth cross-entropies and top-1 hits. tokens (B, T+1): the whole window;
-        h0 (B, T, C): the target's last hidden states for tokens[:, :T]. Module k at
-        position t sees x_{t+k} and predicts x_{t+k+1}. Tokens before label_from are
-        context only, never labels."""
+        """Per-depth cross-entropies and top-1 hits. tokens (B, T+1): the whole window; h0
+        (B, T, C): the target's last hidden states on tokens[:, :T]. Module k at t sees x_{t+k}
+        and predicts x_{t+k+1}. Tokens before label_from are context only, never labels."""
         B, T, _ = h0.shape
-        # module k scores label positions max(k+1, label_from)..T: empty (a NaN loss) unless
-        # T > depth and label_from <= T
+        # module k scores labels max(k+1, label_from)..T: none (a NaN loss) past these bounds
         if T <= self.depth or label_from > T:
             raise ValueError(f"a window of {T + 1} tokens leaves no label for depth {self.depth} "
                              f"from position {label_from}")
@@ -118,15 +110,14 @@ class MTPDrafter:
             raise ValueError(f"the mtp confidence margin must be >= 0 (0: no gate), got {margin}")
         self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
-        self.default_K = self.max_K = n_draft  # one draft per module, no more
+        self.default_K = self.max_K = n_draft       # one draft per module, no more
 
     def params(self):
         return self.mtp.n_params()
 
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
-        cfg, dev = self.target.cfg, tokens.device
-        dt = self.target.head.weight.dtype
+        cfg, dev, dt = self.target.cfg, tokens.device, self.target.head.weight.dtype
         # H[k] (B, T_max, C): module k's output per position (H[0] = target features)
         self.H = torch.zeros(self.mtp.depth + 1, B, T_max, cfg.n_embd, device=dev, dtype=dt)
         self.H[0, :, :feats.shape[1]] = feats
@@ -134,19 +125,9 @@ class MTPDrafter:
                        for _ in range(self.mtp.depth)]
 
     def update(self, tokens, n, feats, n_new):
-        # the verify pass fed positions (n - n_new - 1) .. ; store its features there
-        start = n - n_new - 1
-        pos = start[:, None] + torch.arange(feats.shape[1], device=n.device)
-        pos = pos.clamp(max=tokens.shape[1] - 1)
-        self.H[0].scatter_(1, pos[..., None].expand(-1, -1, feats.shape[2]), feats)
-
-    def _run(self, mod, cache, h, e):
-        """Append positions with inputs h, e (B, m, C) to mod's cache -> outputs, positions."""
-        pos = cache.positions(h.shape[1])
-        cos, sin = self.target.rope(pos)
-        out = mod(h, e, cos, sin, cache, pos)          # (B, m, C)
-        cache.advance(h.shape[1])
-        return out, pos
+        # the verify pass fed positions n - n_new - 1 onward: store its features there
+        pos = (n - n_new - 1)[:, None] + torch.arange(feats.shape[1], device=n.device)  # (B, T)
+        self.H[0].scatter_(1, pos.clamp(max=tokens.shape[1] - 1)[..., None].expand_as(feats), feats)
 
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
@@ -156,7 +137,7 @@ class MTPDrafter:
             m = max(N - k, 0)  # module k's exact positions 0..N-1-k: inputs x_{p+k} committed
             if m:
                 e = self.target.embed(tokens[b:b + 1, k:k + m])
-                out, _ = self._run(mod, cache.row(b), self.H[k - 1, b:b + 1, :m], e)
+                out, _ = run_layer(mod, self.target, cache.row(b), self.H[k - 1, b:b + 1, :m], e)
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
@@ -175,13 +156,11 @@ class MTPDrafter:
             p_idx = ragged_positions(start, P)        # (B, m)
             h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
             e = target.embed(ext.gather(1, p_idx + k))
-            out, pos = self._run(mod, cache, h, e)    # (B, m, C), (B, m)
-            # write each output at its own position: the padded tail (junk) lands past P, where
-            # nothing exact lives. NOTE: scattering at p_idx would put every pad on P too, and
-            # scatter_ with repeated indices keeps an arbitrary one (on CPU: the last, a pad)
+            out, pos = run_layer(mod, target, cache, h, e)  # (B, m, C), (B, m)
+            # NOTE: write at pos, where the padding's junk lands past P; p_idx repeats P in the
+            # padding, and scatter_ keeps an arbitrary one of repeated indices (on CPU: a pad)
             self.H[k].scatter_(1, pos[..., None].expand_as(out), out)
-            # entries are exact up to position N-1-k; the rest was tentative
-            cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))
+            cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))  # exact up to N-1-k
             logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k
             d, q = draft_token(logits, temperature, top_k, generator, self.sample)
             drafts.append(torch.where(stopped, NO_DRAFT, d))

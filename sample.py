@@ -18,35 +18,26 @@ from model import generate as naive_generate
 from speculate import generate
 
 
-def get_parser():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=data.DefaultsHelp)
     p.add_argument("--method", default="dflash", choices=METHODS, help="how to decode")
     p.add_argument("--prompt", default="def parse(", help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
-    p.add_argument("-K", "--draft-len", type=int, default=None,
-                   help="draft tokens per step (default: the drafter's own, else 4)")
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
+    p.add_argument("-K", "--draft-len", type=int, help="draft tokens per step (default: drafter's)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     add_drafter_flags(p)
-    p.add_argument("--check", action="store_true",
-                   help="greedy: also decode with model.generate (no cache) and compare")
+    p.add_argument("--check", action="store_true", help="greedy: compare with model.generate")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint, or a Hugging Face Qwen3 folder (default: the "
-                   "committed one)")
-    p.add_argument("--weights", default=None, metavar="DIR",
-                   help="folder of the drafter's checkpoint (default: the target's folder)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
-    return p
-
-
-def main(argv=None):
-    parser = get_parser()
-    args = parser.parse_args(argv)
+                   help="target checkpoint or Qwen3 folder (default: the committed one)")
+    p.add_argument("--weights", metavar="DIR", help="drafter's folder (default: the target's)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if any)")
+    args = p.parse_args(argv)
     try:  # bad input ends in one line
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
-        options = drafter_options(args, parser, [args.method])
+        options = drafter_options(args, p, [args.method])
         hf = os.path.isdir(args.target)  # a Hugging Face folder brings its own tokenizer
         enc = interop.load_hf_tokenizer(args.target) if hf else data.get_encoding()
         prompt = enc.encode_ordinary(args.prompt)

@@ -2,11 +2,10 @@
 Train the target (or the small `draft` model) on the Python-source corpus of data.py.
 
 AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA, fp32 on CPU.
-The budget is wall-clock minutes and the schedule follows the fraction used (or of --max-steps),
-so a run of any length ends fully decayed. --mtp-depth D also trains D native multi-token
-prediction modules (mtp.py), loss weight lambda / D. Every --save-minutes the run is saved to
-<checkpoint>.run.pt (a killed run must not pass for a finished target), and the same command
-plus --resume continues it. train_drafter.py runs the same loop (train_loop).
+The budget is wall-clock minutes (or --max-steps) and the schedule follows the fraction used, so
+a run of any length ends fully decayed. --mtp-depth D also trains D native multi-token
+prediction modules (mtp.py), loss weight lambda / D. A run saves to <checkpoint>.run.pt every
+--save-minutes, and the same command plus --resume continues it (train_loop, train_drafter's too).
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -60,8 +59,7 @@ def evaluate(model, batches, enc):
 
 
 def check_args(args, names, zero_ok=()):
-    """Counts in names >= 1, in zero_ok >= 0; budget, lr and clip > 0, the rest in range.
-    Written as `not ok(x)` so that NaN is refused too (a nan budget never ran out)."""
+    """Counts in names >= 1, in zero_ok >= 0, the rest by their rule; `not ok(x)` refuses NaN."""
     rules = ([(n, ">= 1", lambda v: v >= 1) for n in names]
              + [(n, ">= 0", lambda v: v >= 0) for n in ("threads", "max_steps", "save_minutes",
                                                           "weight_decay", "mtp_lambda", *zero_ok)]
@@ -76,18 +74,12 @@ def check_args(args, names, zero_ok=()):
 # -----------------------------------------------------------------------------
 # the loop and its resume, shared with train_drafter.py
 
-def run_path(out_path):
-    """Where a run in progress saves: out_path is written only when the run finishes."""
-    return os.path.splitext(out_path)[0] + ".run.pt"
-
-
-def resume_path(resume, out_path):
-    """--resume FILE is FILE; --resume alone is this run's .run.pt, or its finished checkpoint
-    when there is none (to extend it with a larger --minutes)."""
-    if resume:
-        return resume
-    run = run_path(out_path)
-    return out_path if os.path.exists(out_path) and not os.path.exists(run) else run
+def load_run(resume, out_path, kind):
+    """--resume FILE: FILE; --resume alone: this run's .run.pt, or its finished checkpoint when
+    there is none (to extend it with a larger --minutes) -> (checkpoint, its path)."""
+    run = os.path.splitext(out_path)[0] + ".run.pt"  # out_path is written when the run ends
+    path = resume or (out_path if os.path.exists(out_path) and not os.path.exists(run) else run)
+    return load_checkpoint(path, kind=kind), path
 
 
 def eta_s(budget, elapsed, step, max_steps):
@@ -111,7 +103,7 @@ def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, 
             print(f"NOTE: {ck_path} holds no optimizer state (an exported checkpoint): AdamW "
                   "starts afresh, so this continues its weights, not its run")
         print(f"resuming {ck_path} at step {step}")
-    budget, run_file = args.minutes * 60, run_path(out_path)
+    budget, run_file = args.minutes * 60, os.path.splitext(out_path)[0] + ".run.pt"
     t_start, t_saved, text = time.time() - elapsed, time.time(), lambda: "no step was left"
     while (frac := max((time.time() - t_start) / budget,
                        step / args.max_steps if args.max_steps else 0.0)) < 1.0:
@@ -131,8 +123,7 @@ def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, 
         if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
             save(run_file, step, time.time() - t_start)
             t_saved = time.time()
-    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | "
-          f"{report()}")
+    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | {report()}")
     save(out_path, step, time.time() - t_start)  # with the optimizer: --resume can extend it
     if os.path.exists(run_file):
         os.remove(run_file)
@@ -145,21 +136,18 @@ def main(args):
     out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device, enc, ck, path = get_device(args.device), data.get_encoding(), None, None
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), "
           f"{torch.get_num_threads()} threads")
     if args.resume is not None:
-        path = resume_path(args.resume, out_path)
-        ck = load_checkpoint(path, kind="target")
+        ck, path = load_run(args.resume, out_path, "target")
         for k in ("preset", "mtp_depth"):  # the model's shape is the file's, as in nanoGPT
             setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
     cfg = Config(**ck["config"]) if ck else Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
     if not 1 <= seq_len <= cfg.max_seq_len:
-        raise ValueError(f"--seq-len {seq_len} is outside the model's context "
-                         f"(1..{cfg.max_seq_len})")
+        raise ValueError(f"--seq-len must be in 1..{cfg.max_seq_len} (the context), got {seq_len}")
     train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
     model = Transformer(cfg).to(device)
     mtp_mod = MTP(cfg, args.mtp_depth).to(device) if args.mtp_depth else None
@@ -199,13 +187,11 @@ def main(args):
         return f"val {val_loss:.3f} ({bpb:.3f} bpb)"
 
     def save(path, step, elapsed):
-        save_checkpoint(path, dict(kind="target", config=cfg.__dict__,
-                                   state_dict=model.state_dict(),
+        save_checkpoint(path, dict(kind="target", config=cfg.__dict__, args=vars(args),
+                                   state_dict=model.state_dict(), optimizer=opt.state_dict(),
                                    mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                   optimizer=opt.state_dict(), tokenizer=data.tokenizer_hash(),
-                                   args=vars(args), step=step, elapsed=elapsed,
+                                   tokenizer=data.tokenizer_hash(), step=step, elapsed=elapsed,
                                    val_loss=val_loss, bpb=bpb))
-    model.train()
     train_loop(args, model, opt, params, args.grad_clip, lambda frac, step: lr_at(frac, step, args),
                train_step, report, save, out_path, ck, path)
     if args.quality_prompts:  # does it write code, or loop? A looping target flatters drafters
@@ -246,8 +232,7 @@ def get_parser():
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
     g.add_argument("--save-minutes", type=float, default=2.0,
                    help="minutes between saves to <checkpoint>.run.pt (0: only at the end)")
-    g.add_argument("--quality-prompts", type=int, default=32,
-                   help="held-out prompts for the repetition report (0: none)")
+    g.add_argument("--quality-prompts", type=int, default=32, help="repeat-check prompts (0: none)")
     return p
 
 

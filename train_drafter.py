@@ -1,18 +1,15 @@
 """
 Train a drafter on a frozen target: `mtp` (post-hoc heads, mtp.py), `eagle` (draft_eagle.py)
-or `dflash` (draft_diffusion.py).
+or `dflash` (draft_diffusion.py, arXiv 2602.06036).
 
-1. Self-distillation data (DFlash sec. 4, EAGLE): a drafter should learn what *this* target
-   says, which its drafts are verified against, so the data is the target's own continuations
-   of training prompts, half greedy and half at T = 1 (the benchmark runs both, and a weak
-   target's greedy text loops), cached as <out-dir>/distill_<target hash>_<settings>.pt.
-2. Training: the target stays frozen; its hidden states on the data are computed once. Each
-   drafter model has `hidden_layers` (the target layers it reads), `loss(target, tokens, feats,
-   label_from)` -> (loss, per-position top-1 agreement counts) and `config_dict()`. The prompt's
-   next tokens are scored too unless --continuation-only (as the papers do). The DFlash paper's
-   recipe for every method (AdamW, 4 % warm-up, cosine, clip 1.0); batch and lr per method.
-3. <out-dir>/<method>.pt records its target's hash (another target refuses it). The loop is
-   train.py's: a save to <method>.run.pt every --save-minutes, and --resume continues.
+1. Self-distillation (DFlash sec. 4, EAGLE): the drafts are verified against *this* target, so
+   the data is its own continuations of training prompts, half greedy, half at T = 1, cached
+   as <out-dir>/distill_<target hash>_<settings>.pt.
+2. The target stays frozen; its hidden states on the data are computed once. A drafter model
+   has `hidden_layers`, `loss(target, tokens, feats, label_from)` -> (loss, per-position top-1
+   agreement counts) and `config_dict()`. The DFlash paper's recipe (AdamW, 4 % warm-up,
+   cosine, clip 1.0) for every method; batch and lr per method (RECIPE).
+3. <out-dir>/<method>.pt records its target's hash. The loop, with its --resume, is train.py's.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
     python bench.py --target weights/cpu/target.pt --weights out/cpu/weights --methods dflash
@@ -28,12 +25,12 @@ import torch
 
 import data
 import speculate
-from checkpoint import get_device, load_checkpoint, load_target, save_checkpoint, weights_hash
+from checkpoint import get_device, load_target, save_checkpoint, weights_hash
 from data import DefaultsHelp, check_writable
 from draft_diffusion import DFlash
 from draft_eagle import Eagle
 from mtp import PostHocMTP
-from train import check_args, resume_path, train_loop
+from train import check_args, load_run, train_loop
 
 
 @torch.no_grad()
@@ -58,11 +55,8 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
 
 
 def temperature_list(text):
-    """--distill-temperatures in one spelling ("0.0,1" -> "0,1"); not numbers: refused."""
-    try:
-        return ",".join(f"{float(t):.15g}" for t in text.split(","))  # 15 digits: no value changes
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a comma list of numbers, got {text!r}") from None
+    """--distill-temperatures in one spelling ("0.0,1" -> "0,1"); argparse refuses non-numbers."""
+    return ",".join(f"{float(t):.15g}" for t in text.split(","))  # 15 digits: no value changes
 
 
 def get_distill_data(target, args, target_hash):
@@ -77,8 +71,7 @@ def get_distill_data(target, args, target_hash):
             print(f"distill: reusing {path}")
             return d["train"], d["val"]
         except Exception as e:  # a torn file (a copy cut short, a full disk)
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            print(f"distill: {path} is not usable ({why}); building it again")
+            print(f"distill: {path} is not usable ({type(e).__name__}); building it again")
     d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
                                    seed=args.seed + k, split=split)
          for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
@@ -87,12 +80,11 @@ def get_distill_data(target, args, target_hash):
 
 
 # Per-method defaults of --batch-size, --lr, --loss-decay: the reference weights' recipe
-# (docs/experiments.md, "Two tuning tries per drafter"). EAGLE and MTP gained from small
-# batches at a high rate; DFlash kept the paper's, with a faster loss decay than its 7.
+# (docs/experiments.md). EAGLE and MTP gained from small batches at a high lr; DFlash kept the
+# paper's, with a faster loss decay than its 7.
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
 MODELS = {"mtp": PostHocMTP, "eagle": Eagle, "dflash": DFlash}
-# one flag's RECIPE values, for --help (so that it cannot go stale)
 recipe_of = lambda key: ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
@@ -129,17 +121,6 @@ def make_drafter_model(method, target, args):
 
 
 @torch.no_grad()
-def cached_features(target, tokens, layers, batch=32):
-    """The frozen target's hidden states (N, T, len(layers) * C), computed once: each step
-    recomputing them was 12 % of an eagle step on 2 CPU cores, 27 % of mtp's, half of dflash's."""
-    t0 = time.time()
-    feats = torch.cat([torch.cat(target(tokens[i:i + batch], hidden_layers=layers)[1], -1)
-                       for i in range(0, len(tokens), batch)])
-    print(f"target features of layers {layers}: {tuple(feats.shape)} in {time.time() - t0:.0f} s")
-    return feats
-
-
-@torch.no_grad()
 def evaluate(model, target, val, val_feats, batch_size, label_from):
     """Mean held-out loss and per-position agreement. The loss's random draws (DFlash's anchors)
     are the same at every call (the curve shows the model), and training's stream is untouched."""
@@ -153,15 +134,8 @@ def evaluate(model, target, val, val_feats, batch_size, label_from):
     return float(np.mean([loss.item() for loss, _ in out])), (agree / count.clamp(min=1)).tolist()
 
 
-def lr_at(frac, lr, warm=0.04):
-    """The DFlash paper's: linear warm-up over the first 4 % of the run, then cosine to zero."""
-    cos = 0.5 * (1 + math.cos(math.pi * (frac - warm) / (1 - warm)))
-    return lr * (frac / warm if frac < warm else cos)
-
-
 def default_out_dir(target_path):
-    """Beside the target, except for the committed reference weights, which a default never
-    overwrites: drafters for weights/<preset>/target.pt go to out/<preset>/weights/."""
+    """Beside the target, but out/<preset>/weights/ for the committed weights/<preset>/."""
     folder = os.path.dirname(os.path.abspath(target_path))
     committed = os.path.dirname(folder) == os.path.abspath(data.WEIGHTS_DIR)
     return os.path.join(data.DATA_OUT, os.path.basename(folder), "weights") if committed else folder
@@ -179,8 +153,7 @@ def main(args):
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every",
                       "mtp_depth", "ttt_steps", "dflash_layers", "anchors"])
     torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)
     target = load_target(args.target, device=device).requires_grad_(False)
     if args.prompt_len + args.gen_len >= target.cfg.max_seq_len:  # generate keeps one free
@@ -197,22 +170,25 @@ def main(args):
         print("NOTE: this target has native MTP heads, which bench.py and sample.py use instead")
     path, ck, resume = os.path.join(args.out_dir, f"{args.method}.pt"), None, None
     if args.resume is not None:  # checked before the distillation, which takes minutes
-        resume = resume_path(args.resume, path)
-        ck = load_checkpoint(resume, kind=args.method)
+        ck, resume = load_run(args.resume, path, args.method)
         if ck.get("target_hash") != th:
             raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, not {th}")
     check_writable(path)
     train, val = (x.to(device) for x in get_distill_data(target, args, th))  # (N, T) token ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
-    print(f"distill data: {tuple(train.shape)} train, {tuple(val.shape)} val sequences")
 
-    # a resumed model's shape is the checkpoint's, whatever the model flags say now
     model = (MODELS[args.method](target.cfg, **ck["config"]) if ck
              else make_drafter_model(args.method, target, args)).to(device)
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
-    train_feats, val_feats = (cached_features(target, x, model.hidden_layers) for x in (train, val))
+    t0, layers = time.time(), model.hidden_layers
+    with torch.no_grad():  # the frozen target's hidden states, once, not every step: (N, T, L * C)
+        feats = lambda x: torch.cat([torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
+                                     for i in range(0, len(x), 32)])
+        train_feats, val_feats = feats(train), feats(val)
+    print(f"target features of layers {layers}: {tuple(train_feats.shape)} train, "
+          f"{tuple(val_feats.shape)} val, in {time.time() - t0:.0f} s")
     # betas as train.py's; the light weight decay (train.py's default is 0.1) was not swept
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     per_epoch, acc = max(1, len(train) // args.batch_size), None  # the rest sits out an epoch
@@ -238,19 +214,19 @@ def main(args):
                                    tokenizer=data.tokenizer_hash(), args=vars(args),
                                    optimizer=opt.state_dict(), step=step, elapsed=elapsed,
                                    train_minutes=elapsed / 60, val_agreement=acc))
-    train_loop(args, model, opt, params, 1.0, lambda frac, step: lr_at(frac, args.lr), train_step,
-               report, save, path, ck, resume)
 
-    def short(p):  # relative, unless that climbs out of here (no ../../tmp/...)
-        rel = os.path.relpath(p)
-        return os.path.abspath(p) if rel.split(os.sep)[0] == os.pardir else rel
+    def lr_at(frac, step):  # the DFlash paper's: linear warm-up over 4 % of the run, cosine to 0
+        cos = 0.5 * (1 + math.cos(math.pi * (frac - 0.04) / (1 - 0.04)))
+        return args.lr * (frac / 0.04 if frac < 0.04 else cos)
+    train_loop(args, model, opt, params, 1.0, lr_at, train_step, report, save, path, ck, resume)
+    short = lambda p: os.path.abspath(p) if os.path.relpath(p).split(os.sep)[0] == os.pardir \
+        else os.path.relpath(p)  # relative, unless that climbs out of here (no ../../tmp/...)
     print(f"measure it: python bench.py --target {short(args.target)} --weights "
           f"{short(args.out_dir)} --methods {args.method}")
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train a drafter on a frozen target.",
-                                formatter_class=DefaultsHelp)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     p.add_argument("--method", required=True, choices=list(MODELS), help="which drafter")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
                    help="target checkpoint (default: the committed weights/cpu/target.pt)")
@@ -269,8 +245,7 @@ def get_parser():
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="step limit (0: the clock only)")
-    g.add_argument("--batch-size", type=int, default=None,
-                   help=f"sequences per step (default: {recipe_of('batch_size')})")
+    g.add_argument("--batch-size", type=int, help=f"sequences per step ({recipe_of('batch_size')})")
     g.add_argument("--lr", type=float, default=None, help=f"peak lr (default: {recipe_of('lr')})")
     g.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
     g.add_argument("--save-minutes", type=float, default=2.0,

@@ -1,8 +1,7 @@
 """
-The CUDA extension (DESIGN.md sec. 7): two fused ops, each with a PyTorch reference of the same
-signature beside its caller (draft_diffusion.kv_inject_ref, speculate.accept_scan_ref); the .cu
-headers hold the math and shapes, ext.cpp the checks, README.md the notes. Callers ask
-available(device) first: only CUDA tensors are served, by the extension built on first use into
+The CUDA extension (DESIGN.md sec. 7, README.md): two fused ops, each with a PyTorch reference of
+the same signature beside its caller (draft_diffusion.kv_inject_ref, speculate.accept_scan_ref).
+Callers ask available(device) first: CUDA tensors only, by the extension built on first use into
 out/cuda_build/; DFLASH_CUDA_EXT=0 forces the references. Self-check: python -m dflash_kernels
 """
 

@@ -11,13 +11,12 @@ import argparse
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
 import dflash_kernels as kernels
 from draft_diffusion import kv_inject_ref
-from model import rope_table
+from model import Config, rope_table
 from speculate import accept_scan_ref
 
 VERSIONS = {"kv_inject": (1,), "accept_scan": (1, 2)}  # the kernel versions; see the .cu headers
@@ -33,19 +32,16 @@ ACCEPT_CASES = {"greedy": torch.float32, "greedy_bf16": torch.bfloat16,  # bench
 
 
 def make_kv_case(L, B, H, D, T_max, T_new, dtype=torch.float32, device="cpu", seed=0):
-    """Random kv_inject arguments, caches full of NaN; row 0 gets no new tokens when B > 1, the
-    last row writes up to the end of the cache."""
+    """kv_inject's arguments: caches (L, B, H, T_max, D) full of NaN, new K/V (L, B, T_new, H, D);
+    row 0 gets no new tokens when B > 1, the last row writes up to the end of the cache."""
     g = torch.Generator().manual_seed(seed)
-    cache_k = torch.full((L, B, H, T_max, D), float("nan"), dtype=dtype)  # (L, B, H, T_max, D)
-    new_k = torch.randn(L, B, T_new, H, D, generator=g).to(dtype)          # (L, B, T_new, H, D)
-    new_v = torch.randn(L, B, T_new, H, D, generator=g).to(dtype)
+    cache_k = torch.full((L, B, H, T_max, D), float("nan"), dtype=dtype)
+    new_k, new_v = (torch.randn(L, B, T_new, H, D, generator=g).to(dtype) for _ in "kv")
     counts = torch.randint(0, T_new + 1, (B,), generator=g)                # (B,)
     offsets = torch.randint(0, T_max - T_new + 1, (B,), generator=g)       # (B,)
-    if B > 1:
-        counts[0] = 0
-    counts[-1], offsets[-1] = T_new, T_max - T_new
-    cos, sin = rope_table(SimpleNamespace(head_dim=D, rope_theta=10000.0, max_seq_len=T_max))
-    args = (cache_k, cache_k.clone(), new_k, new_v, offsets, counts, cos, sin)  # cos (T_max, D/2)
+    counts[0], counts[-1], offsets[-1] = 0, T_new, T_max - T_new  # B = 1: count T_new
+    cos, sin = rope_table(Config(head_dim=D, max_seq_len=T_max))           # (T_max, D/2)
+    args = (cache_k, cache_k.clone(), new_k, new_v, offsets, counts, cos, sin)
     return tuple(a.to(device) for a in args)
 
 
@@ -60,18 +56,14 @@ def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0):
     drafts = torch.where(wrong, torch.randint(0, V, (B, K), generator=g), logits[:, :K].argmax(-1))
     if B >= 3:
         drafts[-1, K // 2:] = -1                                                 # (B, K)
-    if mode == "greedy":
-        return logits.to(dtype).to(device), drafts.to(device), None, None
     exact = lambda x: torch.floor(x.softmax(-1) * 2.0 ** 16) / 2.0 ** 16
-    p, q = exact(logits), None                                                   # (B, K+1, V)
-    if mode == "sample_q":
-        q = exact(logits[:, :K] + torch.randn(B, K, V, generator=g))             # (B, K, V)
-        if B > 1 and K > 0:  # row 0: q = p and p(d_1) = 0: rejected, all-zero residual
-            p[0, 0, drafts[0, 0]] = 0.0
-            q[0] = p[0, :K]
-        q = q.to(device)
-    uniforms = torch.rand(B, K + 1, generator=g)                                 # (B, K+1)
-    return p.to(dtype).to(device), drafts.to(device), q, uniforms.to(device)
+    p = logits if mode == "greedy" else exact(logits)                            # (B, K+1, V)
+    q = exact(logits[:, :K] + torch.randn(B, K, V, generator=g)) if mode == "sample_q" else None
+    if q is not None and B > 1 and K > 0:  # row 0: q = p, p(d_1) = 0: an all-zero residual
+        p[0, 0, drafts[0, 0]] = 0.0
+        q[0] = p[0, :K]                                                          # (B, K, V)
+    uniforms = None if mode == "greedy" else torch.rand(B, K + 1, generator=g)  # (B, K+1)
+    return tuple(t if t is None else t.to(device) for t in (p.to(dtype), drafts, q, uniforms))
 
 
 def mismatches(a, b):

@@ -10,9 +10,8 @@
 // Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
 //           CDF from r = max(0, p_n - q_n) (p_{K+1} if n = K; p_n if r has no mass or slot n is
 //           empty): the first j with r_j > 0 and cdf_j > u_K * cdf_{V-1}, cdf in float32 (README).
-// kernel1: a block per row, positions in order up to the first mismatch; sampling's only kernel.
-// kernel2: greedy, the default: a block per (position, row), the last of a row (a ticket) scans
-// the argmaxes; faster at K = 15, kernel1 at K = 1. Run: python -m dflash_kernels (validate, time)
+// kernel1: a block per row, up to the first mismatch (sampling's only kernel); kernel2 (greedy's
+// default): a block per (position, row); the row's last block scans. Run: python -m dflash_kernels
 
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
@@ -27,16 +26,14 @@
 constexpr int kThreads = 512;  // per block; must be a multiple of 32
 constexpr int kWarps = kThreads / 32;
 
-// torch.argmax's order, NaN first, then larger, ties -> lower index: total, so any tree agrees
-template <typename acc_t>
+template <typename acc_t>  // torch.argmax's order (NaN, larger, lower index): any tree agrees
 __device__ __forceinline__ bool better(acc_t a, int64_t ia, acc_t b, int64_t ib) {
   const bool na = isnan(a), nb = isnan(b);
   if (na || nb) return na && (!nb || ia < ib);
   return a > b || (a == b && ia < ib);
 }
 
-// argmax over x[0..V) by the block, for every thread; in float32, or double for double
-template <typename scalar_t>
+template <typename scalar_t>  // argmax over x[0..V) by the block, for every thread; f32 or f64
 __device__ int64_t block_argmax(const scalar_t* __restrict__ x, int64_t V) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   __shared__ acc_t s_val[kWarps];
@@ -96,8 +93,7 @@ __device__ double block_inclusive_scan(double x, double* total) {
   return x;
 }
 
-// greedy, one block per row, early exit at the first mismatch
-template <typename scalar_t>
+template <typename scalar_t>  // greedy, a block per row, early exit at the first mismatch
 __global__ void accept_greedy_kernel1(
     const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts,
     int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
@@ -110,8 +106,7 @@ __global__ void accept_greedy_kernel1(
   }
 }
 
-// greedy, one block per (position i, row b); the last block of a row scans the row's argmaxes
-template <typename scalar_t>
+template <typename scalar_t>  // greedy, a block per (i, b); the row's last block scans argmaxes
 __global__ void accept_greedy_kernel2(
     const scalar_t* __restrict__ p, const int64_t* __restrict__ drafts, int64_t* best,
     int* tickets, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out, int K, int64_t V) {
@@ -134,15 +129,13 @@ __global__ void accept_greedy_kernel2(
   }
 }
 
-// sampling, one block per row: ratio test, residual, inverse CDF
-__global__ void accept_sample_kernel1(
+__global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test, residual, CDF
     const float* __restrict__ p, const int64_t* __restrict__ drafts, const float* __restrict__ q,
     const float* __restrict__ u, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
     int K, int64_t V) {
   const int64_t b = blockIdx.x, K1 = K + 1;
   __shared__ int s_n;
-  // K is small (15 for a 16-slot DFlash block): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // K is small (15): one thread tests u_i * q_i(d_i) < p_i(d_i) in order
     int n = K;
     for (int i = 0; i < K; i++) {
       const int64_t d = drafts[b * K + i];
@@ -188,8 +181,7 @@ __global__ void accept_sample_kernel1(
     const double x = j < V ? (use_p ? p_n[j] : residual(j)) : 0.0;
     double tile;
     const double cdf = carry + block_inclusive_scan(x, &tile);
-    // x > 0: never a zero-mass token, even where the tree scan rounded a flat running sum up
-    if (j < V && x > 0.0) {
+    if (j < V && x > 0.0) {  // never a zero-mass token, even if cdf rounded a flat sum up
       last = j;
       if (static_cast<float>(cdf) > target)
         atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
@@ -198,8 +190,7 @@ __global__ void accept_sample_kernel1(
     __syncthreads();
     if (s_first < V) break;  // block-uniform: cdf is non-decreasing, later tiles cannot be first
   }
-  // none crossed (pass 1's total rounded above pass 2's sums: contrived inputs): the last token
-  // with mass, never a zero-mass V - 1; a NaN target keeps V - 1, like searchsorted
+  // none crossed (pass 1 rounded above pass 2; README): the last token with mass, NaN: V - 1
   if (s_first == V && target == target) {  // block-uniform: s_first was read after a barrier
     if (last >= 0) atomicMax(&s_last, (unsigned long long)(last + 1));
     __syncthreads();
@@ -208,8 +199,7 @@ __global__ void accept_sample_kernel1(
     n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
 }
 
-// launchers: ext.cpp checks the tensors and makes kernel2's workspaces best, tickets (zeros)
-template <typename scalar_t>
+template <typename scalar_t>  // ext.cpp checks the tensors, makes best and tickets (zeros)
 static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next,
                           int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V, int version,
                           cudaStream_t stream) {

@@ -1,8 +1,7 @@
 // The argument checks at the boundary (the kernels take raw pointers) and the Python bindings.
 // Built by __init__.py with nvcc; by dev/emu.py with -DDFLASH_EMU, the .cu files on the CPU.
 
-// Narrow includes, not <torch/extension.h> (all of libtorch): half the compile time.
-#include <ATen/core/Tensor.h>
+#include <ATen/core/Tensor.h>  // narrow includes, not <torch/extension.h>: half the compile time
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 + the at::Tensor / optional casters
@@ -11,11 +10,10 @@
 #include <optional>
 #include <tuple>
 
-// defined in kv_inject.cu / accept_scan.cu
-void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
-                    const int64_t* offsets, const int64_t* counts, const float* cos,
-                    const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
-                    int64_t T_new, int64_t P, c10::ScalarType dtype, int device);
+void kv_inject_cuda(  // the launchers, defined in kv_inject.cu and accept_scan.cu
+    void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
+    const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
+    int64_t T_max, int64_t D, int64_t T_new, int64_t P, c10::ScalarType dtype, int device);
 void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts,
                       const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
                       int* tickets, int64_t B, int64_t K, int64_t V, int version, int device);
@@ -26,41 +24,40 @@ static bool on_kernel_device(const at::Tensor& t) { return t.is_cpu(); }
 static bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
 #endif
 
+// the kernels index raw pointers: each t exactly `sizes`, of `dtype`, contiguous on `device`
+static void expect(std::initializer_list<at::Tensor> ts, const char* what, at::IntArrayRef sizes,
+                   at::ScalarType dtype, at::Device device) {
+  for (const at::Tensor& t : ts)
+    TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && t.is_contiguous() &&
+                    t.device() == device, what, " must be ", sizes, ", dtype ", dtype,
+                ", contiguous on ", device, "; got ", t.sizes(), ", ", t.scalar_type(), ", ",
+                t.is_contiguous() ? "" : "not ", "contiguous on ", t.device());
+}
+
 void kv_inject(const at::Tensor& cache_k, const at::Tensor& cache_v, const at::Tensor& new_k,
                const at::Tensor& new_v, const at::Tensor& offsets, const at::Tensor& counts,
                const at::Tensor& cos, const at::Tensor& sin) {
   // cache (L, B, H, T_max, D), new (L, B, T_new, H, D), offsets/counts (B,), cos/sin (P, D/2)
-  TORCH_CHECK(cache_k.dim() == 5 && cache_k.size(4) % 2 == 0 && cache_v.sizes() == cache_k.sizes(),
-              "kv_inject: cache_k, cache_v must be (L, B, H, T_max, D), D even (RoPE), got ",
-              cache_k.sizes(), ", ", cache_v.sizes());
+  TORCH_CHECK(cache_k.dim() == 5 && cache_k.size(4) % 2 == 0,
+              "kv_inject: cache_k must be (L, B, H, T_max, D), D even (RoPE), got ",
+              cache_k.sizes());
+  TORCH_CHECK(on_kernel_device(cache_k), "kv_inject: no kernels for tensors on ", cache_k.device());
+  const auto dtype = cache_k.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "kv_inject: the caches' dtype must be float32, float16 or bfloat16, got ", dtype);
   const int64_t L = cache_k.size(0), B = cache_k.size(1), H = cache_k.size(2);
   const int64_t T_max = cache_k.size(3), D = cache_k.size(4);
-  TORCH_CHECK(new_k.dim() == 5 && new_k.size(0) == L && new_k.size(1) == B &&
-                  new_k.size(3) == H && new_k.size(4) == D && new_v.sizes() == new_k.sizes(),
-              "kv_inject: new_k, new_v must be (L, B, T_new, H, D) = (", L, ", ", B, ", T_new, ",
-              H, ", ", D, "), got ", new_k.sizes(), ", ", new_v.sizes());
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == B && counts.sizes() == offsets.sizes() &&
-                  offsets.scalar_type() == at::kLong && counts.scalar_type() == at::kLong,
-              "kv_inject: offsets and counts must be (B,) int64 with B = ", B);
-  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == D / 2 && sin.sizes() == cos.sizes() &&
-                  cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
-              "kv_inject: cos, sin must be (P, D/2) float32 with D/2 = ", D / 2, ", got ",
-              cos.sizes(), ", ", sin.sizes());
-  const auto dtype = cache_k.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) &&
-                  cache_v.scalar_type() == dtype && new_k.scalar_type() == dtype &&
-                  new_v.scalar_type() == dtype,
-              "kv_inject: cache_k, cache_v, new_k, new_v must share one dtype: float32, float16 "
-              "or bfloat16; cache_k has ", dtype);
-  TORCH_CHECK(on_kernel_device(cache_k), "kv_inject: no kernels for tensors on ", cache_k.device());
-  for (const at::Tensor* t : {&cache_k, &cache_v, &new_k, &new_v, &offsets, &counts, &cos, &sin})
-    TORCH_CHECK(t->device() == cache_k.device() && t->is_contiguous(),
-                "kv_inject: all tensors must be contiguous on ", cache_k.device());
+  const int64_t T_new = new_k.dim() == 5 ? new_k.size(2) : -1;  // -1: refused below
+  const int64_t P = cos.dim() == 2 ? cos.size(0) : -1;
+  const at::Device dev = cache_k.device();
+  expect({cache_k, cache_v}, "kv_inject: cache_k, cache_v", {L, B, H, T_max, D}, dtype, dev);
+  expect({new_k, new_v}, "kv_inject: new_k, new_v", {L, B, T_new, H, D}, dtype, dev);
+  expect({offsets, counts}, "kv_inject: offsets and counts", {B}, at::kLong, dev);
+  expect({cos, sin}, "kv_inject: cos, sin", {P, D / 2}, at::kFloat, dev);
   // NOTE: offsets/counts are checked by the kernel (here it would cost a host sync per call)
   kv_inject_cuda(cache_k.data_ptr(), cache_v.data_ptr(), new_k.data_ptr(), new_v.data_ptr(),
                  offsets.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), cos.data_ptr<float>(),
-                 sin.data_ptr<float>(), L, B, H, T_max, D, new_k.size(2), cos.size(0), dtype,
-                 cache_k.get_device());
+                 sin.data_ptr<float>(), L, B, H, T_max, D, T_new, P, dtype, cache_k.get_device());
 }
 
 std::tuple<at::Tensor, at::Tensor> accept_scan(
@@ -72,25 +69,15 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(
   const int64_t B = p_in.size(0), K = p_in.size(1) - 1, V = p_in.size(2);
   TORCH_CHECK(version == 1 || version == 2, "accept_scan: version must be 1 or 2, got ", version);
   TORCH_CHECK(on_kernel_device(p_in), "accept_scan: no kernels for tensors on ", p_in.device());
-  TORCH_CHECK(drafts.dim() == 2 && drafts.size(0) == B && drafts.size(1) == K &&
-                  drafts.scalar_type() == at::kLong && drafts.device() == p_in.device() &&
-                  drafts.is_contiguous(), "accept_scan: drafts must be (B, K) = (", B, ", ", K,
-              ") int64, contiguous on ", p_in.device(), ", got ", drafts.sizes());
+  expect({drafts}, "accept_scan: drafts", {B, K}, at::kLong, p_in.device());
   const bool greedy = !uniforms.has_value();
   std::optional<at::Tensor> q;
   at::Tensor p = p_in;
   if (!greedy) {
-    const at::Tensor& u = *uniforms;
-    TORCH_CHECK(u.dim() == 2 && u.size(0) == B && u.size(1) == K + 1 &&
-                    u.scalar_type() == at::kFloat && u.device() == p.device() && u.is_contiguous(),
-                "accept_scan: uniforms must be (B, K+1) contiguous float32 on ", p.device(),
-                ", got ", u.sizes());
+    expect({*uniforms}, "accept_scan: uniforms", {B, K + 1}, at::kFloat, p.device());
     p = p.to(at::kFloat);  // the reference computes in float32 (p.float(), q.float())
     if (q_in.has_value()) {
-      TORCH_CHECK(q_in->dim() == 3 && q_in->size(0) == B && q_in->size(1) == K &&
-                      q_in->size(2) == V && q_in->device() == p.device() && q_in->is_contiguous(),
-                  "accept_scan: q must be (B, K, V) contiguous on ", p.device(), ", got ",
-                  q_in->sizes());
+      expect({*q_in}, "accept_scan: q", {B, K, V}, q_in->scalar_type(), p.device());
       q = q_in->to(at::kFloat);
     }
   }

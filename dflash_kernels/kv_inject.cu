@@ -7,9 +7,8 @@
 //         new_k, new_v     (L, B, T_new, H, D)   same dtype; k already k-normed, not rotated
 //         offsets, counts  (B,) int64            counts[b] in [0, T_new]
 //         cos, sin         (P, D/2) float32      RoPE tables (model.rope_table)
-// kernel1: a thread per (l, b, t, h, i < D/2) rotation pair, grid-stride. RoPE products rounded
-// apart (__fmul_rn: no FMA): bit-exact with the reference. A row out of bounds is skipped and trips
-// a device-side assert (a host check costs a sync). Run: python -m dflash_kernels
+// kernel1: a thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; no FMA: bit-exact with
+// the reference; a row out of bounds is skipped (device assert). Run: python -m dflash_kernels
 
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
@@ -32,8 +31,7 @@ __global__ void kv_inject_kernel1(
   const int64_t N = L * B * T_new * H * D2;
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < N; idx += stride) {
-    // idx -> (l, b, t, h, i), i fastest: the layout of new_k (L, B, T_new, H, D) halves
-    const int64_t i = idx % D2;
+    const int64_t i = idx % D2;  // idx -> (l, b, t, h, i), i fastest: new_k's layout, in halves
     int64_t r = idx / D2;
     const int64_t h = r % H;
     r /= H;

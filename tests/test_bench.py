@@ -238,11 +238,11 @@ def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
         logits = target(torch.tensor([prompts[1] + ar_outs[1][:3]]))[0][0, -1]
     top2 = logits.topk(2)
     outs = [ar_outs[0], ar_outs[1][:3] + [int(top2.indices[1])] + ar_outs[1][4:]]  # row 1 takes the runner-up at 3
-    gaps = bench.first_difference_gaps(target, prompts, outs, ar_outs)
-    assert gaps == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
+    gaps = lambda outs, ar_outs: bench.lossless(target, prompts, outs, ar_outs, 0)["first_difference_gaps"]
+    assert gaps(outs, ar_outs) == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
     # a distance, whichever row holds the larger logit (a verify pass can round a near-tie either way)
-    assert bench.first_difference_gaps(target, prompts, ar_outs, outs) == gaps
-    assert bench.first_difference_gaps(target, prompts, [ar_outs[0], ar_outs[1][:2]], ar_outs) == [None]  # ends early
+    assert gaps(ar_outs, outs) == gaps(outs, ar_outs)
+    assert gaps([ar_outs[0], ar_outs[1][:2]], ar_outs) == [None]  # ends early
 
 
 def test_predicted_speedup_and_lossless_arithmetic():
@@ -255,8 +255,10 @@ def test_predicted_speedup_and_lossless_arithmetic():
     assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
     # the same accepted drafts in 8 row passes, 4 of which drafted nothing: alpha stays [1, 0.5]
     assert bench.predicted_speedup(dict(st, draft_row_passes=8), ar) == pytest.approx(1.75)
-    assert bench.lossless([[1, 2, 3], [4]], [[1, 2, 4], [4]], 0) == dict(lossless=False, mismatches=1)  # last token
-    assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 1.0) == dict(lossless=None, mismatches=0)  # sampled: by design
+    greedy = bench.lossless(tiny_model(), [[5], [6]], [[1, 2, 3], [4]], [[1, 2, 4], [4]], 0)  # last token
+    assert (greedy["lossless"], greedy["mismatches"], len(greedy["first_difference_gaps"])) == (False, 1, 1)
+    sampled = dict(lossless=None, mismatches=0, first_difference_gaps=[])  # sampled: differs by design
+    assert bench.lossless(None, [[5]], [[1, 2, 3]], [[1, 2, 4]], 1.0) == sampled
 
 
 def test_predicted_speedup_with_no_drafting_pass_and_lossless_only_at_T0():
@@ -264,8 +266,9 @@ def test_predicted_speedup_with_no_drafting_pass_and_lossless_only_at_T0():
     division by zero. Any T > 0, not only 1, samples: no token-for-token check there."""
     st = dict(acc=[0, 0], att=[0, 0], draft_s=0.0, verify_s=2.0, verify_passes=1, draft_row_passes=0)
     assert bench.predicted_speedup(st, dict(wall_s=1.0, verify_passes=1, row_passes=2)) == pytest.approx(0.5)
-    assert bench.lossless([[1, 2, 3]], [[1, 2, 4]], 0.5) == dict(lossless=None, mismatches=0)
-    assert bench.lossless([[1, 2, 3]], [[1, 2, 3]], 0.0) == dict(lossless=True, mismatches=0)
+    assert bench.lossless(None, [[5]], [[1, 2, 3]], [[1, 2, 4]], 0.5)["lossless"] is None
+    assert bench.lossless(None, [[5]], [[1, 2, 3]], [[1, 2, 3]], 0.0) == dict(lossless=True, mismatches=0,
+                                                                              first_difference_gaps=[])
 
 
 def test_repeat8_is_the_mean_over_rows_of_repeated_8_grams():

@@ -95,9 +95,9 @@ def test_read_prompts_file(tmp_path):
     p.write_text("\ndef f(x):\n    return x\n\n\n\nimport os\n  \nclass A:\n")
     assert data.read_prompts_file(p) == ["def f(x):\n    return x", "import os", "class A:"]
     cases = {'{"prompt": "a"}\n\n{"prompt": "b"\n': ":3: malformed JSON",
-             '{"prompt": "a"}\n{"text": "b"}\n': ':2: expected an object with a "prompt" string',
+             '{"prompt": "a"}\n{"text": "b"}\n': ':2: expected an object with a non-empty "prompt"',
              '{"prompt": "a"}\n[1, 2]\n': ":2:", '{"prompt": 3}\n': ":1:",
-             '{"prompt": "a"}\n{"prompt": ""}\n': ":2: empty prompt"}
+             '{"prompt": "a"}\n{"prompt": ""}\n': ':2: expected an object with a non-empty "prompt"'}
     for i, (content, message) in enumerate(cases.items()):
         bad = tmp_path / f"bad{i}.jsonl"
         bad.write_text(content)

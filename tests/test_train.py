@@ -330,7 +330,7 @@ DFLASH = ["train_drafter.py", "--method", "dflash"]
     (MTP + ["--max-steps", "-2"], "--max-steps must be >= 0"),
     (MTP + ["--gen-len", "320"], "--prompt-len + --gen-len must be below the target's context of "
                                  "384, got 64 + 320"),
-    (TINY + ["--seq-len", "5000"], "outside the model's context"),
+    (TINY + ["--seq-len", "5000"], "--seq-len must be in 1..256 (the context), got 5000"),
     (TINY + ["--device", "cuda:99"], "cuda:99")])
 def test_training_clis_give_one_line_errors(tmp_path, cmd, message, run_script):
     rc, _, err = run_script(*cmd, cwd=tmp_path)
@@ -340,10 +340,9 @@ def test_training_clis_give_one_line_errors(tmp_path, cmd, message, run_script):
 def test_a_seq_len_past_the_context_is_refused_before_the_model_is_built(tmp_path):
     """One token past the context (the default --seq-len is all of it) is refused up front, not
     by the first training step's forward after the model and data are set up."""
-    with pytest.raises(ValueError, match=r"--seq-len 257 is outside the model's context "
-                                         r"\(1..256\)"):
+    with pytest.raises(ValueError, match=r"--seq-len must be in 1\.\.256 \(the context\), got 257"):
         train.main(tiny_run(tmp_path, "--seq-len", "257"))
-    with pytest.raises(ValueError, match=r"--seq-len 0 is outside"):  # 0 trained at full context
+    with pytest.raises(ValueError, match=r"--seq-len must be in .*got 0"):  # 0 trained at full context
         train.main(tiny_run(tmp_path, "--seq-len", "0"))
 
 
