@@ -12,8 +12,7 @@
 # 3. the kernel tests (kernels == references, end-to-end dflash with the kernels on), without
 #    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU
 # 4. which attention kernel the target's masked grouped-query pass gets (dev/sdpa_probe.py)
-# 5. bench.py on the GPU with the committed cpu weights (the gpu preset has none yet and would
-#    train for ~15 min): every method but `draft` with the kernels on (the first GPU table), ar
+# 5. bench.py on the GPU with the committed cpu weights: every method but `draft` with the kernels on (the first GPU table), ar
 #    and dflash with the kernels off (DFLASH_CUDA_EXT=0), then ar and dflash in bfloat16 with
 #    the kernels on. A model this small is bound by per-op overhead (~450 aten ops a step; one
 #    plain step on this project's slowest 2-core CPU: 11 ms, ~1.6 ms of it matmuls), and on a
@@ -21,9 +20,8 @@
 #    70 s of it; the methods run in the order named, so a step cut off by its limit loses the
 #    least important rows, and each row's time and tau are printed as it ends.
 # 6. a few steps of training on the GPU: a tiny target (with MTP heads, in bf16 autocast as on
-#    cuda), then distillation and each learned drafter. No test trains on a GPU, and the first
-#    `python bench.py --device cuda` trains the gpu preset (~15 min) before it prints anything,
-#    so a device bug there would cost its user those minutes. ~40 s on a 2-core CPU, 8 s of it
+#    cuda), then distillation and each learned drafter. No test trains on a GPU, so this is
+#    where a device bug in training would show. ~40 s on a 2-core CPU, 8 s of it
 #    building the token bins (out/ does not travel to the device).
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
 # GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
@@ -77,7 +75,7 @@ EMULATED="emu or self_check_covers or self_check_fails or self_check_counts or o
 EMULATED="$EMULATED or dispatches"
 step tests 120 $PY -m pytest $XDIST -v -rs tests/test_kernels.py -k "not ($EMULATED)"
 step sdpa 20 $PY dev/sdpa_probe.py
-B="$PY bench.py --device cuda --preset cpu"
+B="$PY bench.py --device cuda"  # the committed weights/cpu: bench trains nothing
 step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram \
   --json "$LOG/bench_fused.json"
 step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
