@@ -17,7 +17,6 @@ import os
 import platform
 import sys
 import time
-from functools import partial
 
 import torch
 
@@ -79,21 +78,6 @@ def ratio_se(pairs):
     return (n / (n - 1) * sum((t - tau * p) ** 2 for t, p in pairs)) ** 0.5 / passes
 
 
-def measure(jobs, repeats, label):
-    """Each job `repeats` times, in rounds (a drift in speed hits all alike) -> its median run."""
-    runs = {k: [] for k in jobs}
-    for r in range(repeats):
-        for k, job in jobs.items():
-            runs[k].append(job())
-            st = runs[k][-1][1]
-            print(f"{label(k)}: {st['wall_s']:.2f} s, tau {st['tau']:.2f}"
-                  + (f" (round {r + 1}/{repeats})" if repeats > 1 else ""), flush=True)
-    for k, rs in runs.items():
-        o, st = sorted(rs, key=lambda x: x[1]["wall_s"])[len(rs) // 2]
-        runs[k] = o, dict(st, wall_s_runs=[x[1]["wall_s"] for x in rs])
-    return runs
-
-
 def predicted_speedup(st, ar):
     """DESIGN sec. 5: E * t_ar / (t_draft + t_verify), E = 1 + accepted drafts per drafting row
     pass, times per verify pass. It leaves out the prefills, so can exceed the measured one."""
@@ -130,16 +114,23 @@ def lossless(target, prompts, outs, ar_outs, T):
 
 
 def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
-    """Every method at every temperature against ar's run there -> the table's and JSON's rows."""
-    timed = measure({(m, T): partial(run, target, d, prompts, Ks[m], T, args, batch_size)
-                     for m, d in drafters.items() for T in temps}, args.repeats,
-                    lambda k: f"{k[0]:11s} T={k[1]:<4g} batch {batch_size:3d}")
+    """Every method at every temperature, --repeats times in rounds (a drift in speed hits all
+    alike), its median run against ar's there -> the table's and JSON's rows."""
+    runs = {(m, T): [] for m in drafters for T in temps}
+    for r in range(args.repeats):
+        for (m, T), rs in runs.items():
+            rs.append(run(target, drafters[m], prompts, Ks[m], T, args, batch_size))
+            wall_s, tau = rs[-1][1]["wall_s"], rs[-1][1]["tau"]
+            print(f"{m:11s} T={T:<4g} batch {batch_size:3d}: {wall_s:.2f} s, tau {tau:.2f}"
+                  + (f" (round {r + 1}/{args.repeats})" if args.repeats > 1 else ""), flush=True)
+    median = {k: sorted(rs, key=lambda x: x[1]["wall_s"])[len(rs) // 2] for k, rs in runs.items()}
     rows = []
-    for (m, T), (o, st) in timed.items():
-        ar_o, ar = timed["ar", T]  # the baseline for speed and, at T = 0, for the tokens
+    for (m, T), (o, st) in median.items():
+        ar_o, ar = median["ar", T]  # the baseline for speed and, at T = 0, for the tokens
         rows.append(dict(method=m, temperature=T, K=Ks[m], tau=st["tau"], tau_se=st["tau_se"],
                          tokens_per_s=st["new_tokens"] / st["wall_s"], wall_s=st["wall_s"],
-                         speedup=ar["wall_s"] / st["wall_s"], wall_s_runs=st["wall_s_runs"],
+                         speedup=ar["wall_s"] / st["wall_s"],
+                         wall_s_runs=[x[1]["wall_s"] for x in runs[m, T]],
                          predicted_speedup=predicted_speedup(st, ar),
                          acceptance_per_position=st["alpha"], new_tokens=st["new_tokens"],
                          verify_passes=st["verify_passes"], drafter_params=params(drafters[m]),
@@ -232,7 +223,7 @@ def get_parser():
 
 
 def check_args(args):
-    """Before any work -> temperatures, sweep's batch sizes, methods (ar first), --methods set?"""
+    """Before any work -> temperatures, sweep's batch sizes, methods (ar first), drafter options."""
     try:
         temps = [*dict.fromkeys(map(float, args.temperatures.split(",")))]
         sizes = [*dict.fromkeys(map(int, args.batch_sizes.split(",")))] if args.batch_sizes else []
@@ -240,32 +231,31 @@ def check_args(args):
         die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
-    a, unset = args, lambda v, low: low if v is None else v  # an unset optional flag passes
+    a = args
     for flag, value, low in [
             ("--batch-size", a.batch_size, 1), ("--repeats", a.repeats, 1), ("--K", a.K, 1),
-            ("--block-size", unset(a.block_size, 2), 2), ("--max-new-tokens", a.max_new_tokens, 1),
+            ("--block-size", a.block_size, 2), ("--max-new-tokens", a.max_new_tokens, 1),
             ("--n-prompts", a.n_prompts, 1), ("--batch-sizes", min(sizes, default=1), 1),
-            ("--mtp-draft", unset(a.mtp_draft, 1), 1), ("--mtp-margin", a.mtp_margin, 0),
+            ("--mtp-draft", a.mtp_draft, 1), ("--mtp-margin", a.mtp_margin, 0),
             ("--threads", a.threads, 0)]:
-        if not value >= low:  # NaN too
+        if value is not None and not value >= low:  # None: unset, the drafter's own; NaN fails
             die(f"{flag} must be >= {low}, got {value}")
     if args.weights and os.path.isfile(args.weights):
         die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
-    named = args.methods is not None
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if named else list(METHODS)
+    listed = ",".join(METHODS) if args.methods is None else args.methods  # default: all
+    methods = [m.strip() for m in listed.split(",") if m.strip()]
     if not methods:
         die(f"--methods names no method; choose from {', '.join(METHODS)}")
     if unknown := [m for m in methods if m not in METHODS]:
         die(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
-    checked(drafter_options, args, get_parser(), methods)
-    methods = ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
-    return temps, sizes, methods, named
+    opts = checked(drafter_options, args, get_parser(), methods)
+    return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], opts
 
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
     args.weights = args.weights or os.path.dirname(args.target) or "."
-    temps, sizes, methods, named = check_args(args)
+    temps, sizes, methods, opts = check_args(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     source = args.prompts or "held-out prompts (weights/heldout_prompts.jsonl)"
     texts = (checked(data.read_prompts_file, args.prompts) if args.prompts
@@ -280,9 +270,9 @@ def main(argv=None):
         checked(data.check_writable, args.json, flag="--json ")
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), dtype "
           f"{args.dtype}, target {args.target}, drafters from {args.weights}")
-    # a drafter that cannot load is skipped with why and how to train it, or ends a --methods run
     target = checked(load_target, args.target, device=device, dtype=dtype)
-    opts, drafters = drafter_options(args, get_parser(), methods), {}
+    # a drafter that cannot load is skipped with why and how to train it, or ends a --methods run
+    drafters = {}
     flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}
     for m in methods:
         try:
@@ -298,7 +288,7 @@ def main(argv=None):
                 die(f"{m}: {why} (see {f[0]})")
             else:  # a bug
                 why = f"cannot load it ({type(e).__name__}: {why})"
-            if named:
+            if args.methods:  # named in --methods
                 die(f"{m} was asked for in --methods, but {why}")
             print(f"skipping {m}: {why}")
     Ks = {m: 0 if d is None else args.K if m in ("ngram", "draft", "eagle")

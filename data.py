@@ -65,12 +65,9 @@ def corpus_files(corpus="small"):
     numpy, each sorted by key; for "all" then the other installed files, sorted by key."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
-    roots = [("stdlib", sysconfig.get_paths()["stdlib"])]
-    for name in ("torch", "numpy"):  # find_spec locates a package without importing it
-        if (spec := importlib.util.find_spec(name)) is None:
-            print(f"corpus: {name} is not installed, leaving it out")
-        else:
-            roots.append((name, spec.submodule_search_locations[0]))
+    roots = [("stdlib", sysconfig.get_paths()["stdlib"])] + [  # find_spec does not import
+        (name, importlib.util.find_spec(name).submodule_search_locations[0])
+        for name in ("torch", "numpy")]
     files = [kp for name, root in roots for kp in walk(root, name + "/")]
     if corpus == "all":
         # then each other installed file of new content (no vendored copies or empty __init__.py;
@@ -104,9 +101,9 @@ def read_ranks(path):
         return {base64.b64decode(tok): int(rank)
                 for tok, rank in (line.split() for line in f if line.strip())}
 
-def make_encoding(mergeable_ranks, name="pysrc"):
+def make_encoding(mergeable_ranks):
     n = len(mergeable_ranks)
-    return tiktoken.Encoding(name=f"{name}-{n}", pat_str=PAT_STR, mergeable_ranks=mergeable_ranks,
+    return tiktoken.Encoding(name=f"pysrc-{n}", pat_str=PAT_STR, mergeable_ranks=mergeable_ranks,
                              special_tokens={EOT: n, MASK: n + 1})
 
 @functools.lru_cache()
@@ -190,11 +187,10 @@ def load_tokens(split, out_dir=DATA_OUT, corpus="small"):
     return np.memmap(prepare(out_dir, corpus=corpus)["paths"][split], dtype=np.uint16, mode="r")
 
 # ----------------------------------------------------------------------------- prompts
-def heldout_samples(n, seed=0, prompt_lines=4, max_prompt_tokens=96, continuation_chars=1500,
-                    corpus="small"):
+def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small"):
     """n (prompt, real continuation) pairs cut from held-out files at a `def`/`class` line: the
-    prompt is that line and the next few (prompt_lines in all), the continuation is the text
-    that really follows. One sample per file per round, so they spread across files."""
+    prompt is that line and the next three, the continuation the 1,500 characters that really
+    follow. One sample per file per round, so they spread across files."""
     enc, rng, per_file = get_encoding(), random.Random(seed), []
     for _, text in read_texts(corpus_files(corpus)["val"]):
         lines = text.splitlines(keepends=True)
@@ -202,20 +198,19 @@ def heldout_samples(n, seed=0, prompt_lines=4, max_prompt_tokens=96, continuatio
         cands = []
         for i, line in enumerate(lines):
             if line.lstrip().startswith(("def ", "class ")):
-                j = min(i + prompt_lines, len(lines))
-                cont = text[offsets[j]:offsets[j] + continuation_chars]
+                j = min(i + 4, len(lines))
+                cont = text[offsets[j]:offsets[j] + 1500]
                 if len(cont.strip()) >= 200:  # skip cuts at the very end of a file
                     cands.append(("".join(lines[i:j]), cont))
         rng.shuffle(cands)
         per_file.append(cands)
     rng.shuffle(per_file)
     out, taken = [], set()  # a prompt met before (one more `def __init__(self, ...)`) is skipped
-    for k in range(max(map(len, per_file), default=0)):
-        for cands in per_file:
-            if (k < len(cands) and cands[k][0].strip() and cands[k][0] not in taken
-                    and len(enc.encode_ordinary(cands[k][0])) <= max_prompt_tokens):
-                out.append(cands[k])
-                taken.add(cands[k][0])
+    for round_k in itertools.zip_longest(*per_file):  # each file's k-th cut (None: it has none)
+        for prompt, cont in filter(None, round_k):
+            if prompt not in taken and len(enc.encode_ordinary(prompt)) <= max_prompt_tokens:
+                out.append((prompt, cont))
+                taken.add(prompt)
                 if len(out) == n:
                     return out
     print(f"data: only {len(out)} held-out samples available (asked for {n})")
@@ -234,13 +229,10 @@ def reference_prompts(n):
     return prompts[:n]
 
 def repeated_ngram_fraction(tokens, n=8):
-    """Fraction of the n-grams of `tokens` that already occurred earlier in it: how much a
-    continuation loops (~2 % for real code, far more for a weak greedy target)."""
-    tokens = list(tokens)
-    if len(tokens) < n + 1:
-        return 0.0
+    """Fraction of the n-grams of a list of tokens that already occurred earlier in it: how much
+    a continuation loops (~2 % for real code, far more for a weak greedy target)."""
     grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-    return (len(grams) - len(set(grams))) / len(grams)  # every gram but a first one repeats
+    return (len(grams) - len(set(grams))) / max(len(grams), 1)  # all but a first one repeat
 
 def read_prompts_file(path):
     """User prompts: JSON lines with a "prompt" string (when the first non-blank line starts

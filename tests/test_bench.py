@@ -190,7 +190,7 @@ def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
 def test_a_repeated_temperature_or_batch_size_runs_once():
     """--temperatures 0,0 printed each row twice (methods were already taken once each)."""
     args = bench.get_parser().parse_args(["--temperatures", "0,1,0.0", "--batch-sizes", "2,1,2", "--methods", "ngram,ar,ngram"])
-    assert bench.check_args(args) == ([0.0, 1.0], [2, 1], ["ar", "ngram"], True)
+    assert bench.check_args(args)[:3] == ([0.0, 1.0], [2, 1], ["ar", "ngram"])
 
 
 def test_an_unwritable_json_is_refused_before_any_work(tmp_path, capsys):
@@ -316,19 +316,20 @@ def test_card_warns_when_the_target_loops(capsys):
     assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
 
 
-def test_measure_runs_in_rounds_and_keeps_the_median(capsys):
-    order, walls = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
+    order, walls = [], {"ar": iter([3.0, 1.0, 2.0]), "ngram": iter([5.0, 4.0, 6.0])}
 
-    def job(k):
-        def go():
-            order.append(k)
-            return [k], {"wall_s": next(walls[k]), "tau": 1.0}
-        return go
+    def run(target, drafter, prompts, K, T, args, batch_size):
+        order.append(drafter)
+        return [[1, 2]], dict(wall_s=next(walls[drafter]), tau=1.0, tau_se=0.0, new_tokens=2, acc=[],
+                              alpha=[], draft_row_passes=0, draft_s=0.0, verify_s=1.0, verify_passes=2)
 
-    best = bench.measure({"a": job("a"), "b": job("b")}, 3, str)
-    assert order == ["a", "b"] * 3  # one run of every job per round, not three of one in a row
-    assert best["a"] == (["a"], {"wall_s": 2.0, "tau": 1.0, "wall_s_runs": [3.0, 1.0, 2.0]})
-    assert best["b"][1]["wall_s"] == 5.0 and best["b"][1]["wall_s_runs"] == [5.0, 4.0, 6.0]
+    monkeypatch.setattr(bench, "run", run)
+    args = argparse.Namespace(repeats=3)
+    ar, ngram = bench.bench_rows(None, {"ar": "ar", "ngram": "ngram"}, {"ar": 0, "ngram": 7}, [[1]], [1.0], 1, args)
+    assert order == ["ar", "ngram"] * 3  # one run of every method per round, not three of one in a row
+    assert ar["wall_s"] == 2.0 and ar["wall_s_runs"] == [3.0, 1.0, 2.0]
+    assert ngram["wall_s"] == 5.0 and ngram["wall_s_runs"] == [5.0, 4.0, 6.0] and ngram["speedup"] == 2.0 / 5.0
     assert "(round 3/3)" in capsys.readouterr().out
 
 

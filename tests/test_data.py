@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -254,7 +255,8 @@ def test_the_split_is_the_hash_of_the_key_on_any_machine(tmp_path, monkeypatch):
     for name in names.values():
         (tmp_path / name).write_text("x = 1\n")
     monkeypatch.setattr(data.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
-    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)  # no torch, no numpy
+    no_files = types.SimpleNamespace(submodule_search_locations=[str(tmp_path / "absent")])
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: no_files)  # no torch, no numpy
     files = data.corpus_files.__wrapped__()
     assert [k for k, _ in files["val"]] == ["stdlib/" + names[data.VAL_PER_MILLE - 1]]
     assert [k for k, _ in files["train"]] == ["stdlib/" + names[data.VAL_PER_MILLE]]
@@ -313,7 +315,8 @@ def fake_install(tmp_path, monkeypatch):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     monkeypatch.setattr(data.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path / "stdlib")})
-    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    no_files = types.SimpleNamespace(submodule_search_locations=[str(tmp_path / "absent")])
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: no_files)  # no torch, no numpy
     monkeypatch.setattr(data, "site_dirs", lambda: [str(tmp_path / s) for s in ("site1", "site2")])
     monkeypatch.setattr(data, "VAL_PER_MILLE", 0)  # everything in train: one list to compare
 
