@@ -1,11 +1,11 @@
 """
 Train the target (or the small `draft` model) on the Python-source corpus of data.py.
 
-AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA, fp32 on CPU.
-The budget is wall-clock minutes (or --max-steps) and the schedule follows the fraction used, so
-a run of any length ends fully decayed. --mtp-depth D also trains D native multi-token
-prediction modules (mtp.py), loss weight lambda / D. A run saves to <checkpoint>.run.pt every
---save-minutes, and the same command plus --resume continues it (train_loop, train_drafter's too).
+AdamW, linear warm-up then cosine decay to a tenth of the peak lr, gradient clipping at norm 1.0,
+bf16 autocast on CUDA, fp32 on CPU. The budget is wall-clock minutes (or --max-steps) and the
+schedule follows the fraction used, so a run of any length ends fully decayed. --mtp-depth D also
+trains D native multi-token prediction modules (mtp.py), loss weight lambda / D. A run saves to
+<checkpoint>.run.pt every --save-minutes; the same command plus --resume continues it.
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 import data
-import speculate
 from checkpoint import get_device, load_checkpoint, save_checkpoint
 from data import DefaultsHelp, check_writable
 from model import PRESETS, Config, Transformer
@@ -39,11 +38,11 @@ def get_batch(tokens, batch_size, seq_len, gen, device):
 
 
 def lr_at(frac, step, args):
-    """Linear warm-up over --warmup-steps, then cosine from lr down to lr * min_lr_frac."""
+    """Linear warm-up over --warmup-steps, then cosine from lr down to lr / 10."""
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
     cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
-    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * cos)
+    return args.lr * (0.1 + 0.9 * cos)
 
 
 @torch.no_grad()
@@ -58,14 +57,13 @@ def evaluate(model, batches, enc):
     return loss, loss / math.log(2) * n_tok / max(n_bytes, 1)
 
 
-def check_args(args, names, zero_ok=()):
-    """Counts in names >= 1, in zero_ok >= 0, the rest by their rule; `not ok(x)` refuses NaN."""
-    rules = ([(n, ">= 1", lambda v: v >= 1) for n in names]
-             + [(n, ">= 0", lambda v: v >= 0) for n in ("threads", "max_steps", "save_minutes",
-                                                          "weight_decay", "mtp_lambda", *zero_ok)]
-             + [(n, "> 0", lambda v: v > 0) for n in ("minutes", "lr", "grad_clip")]
-             + [("min_lr_frac", "in 0..1", lambda v: 0 <= v <= 1)])
-    for name, rule, ok in rules:
+def check_args(args, names, zero_ok=(), positive=()):
+    """names >= 1, zero_ok >= 0, positive > 0, and the flags both scripts share; NaN is refused."""
+    names, positive = ("batch_size", "eval_every", *names), ("minutes", "lr", *positive)
+    zero_ok = ("threads", "max_steps", "save_minutes", "weight_decay", "mtp_lambda", *zero_ok)
+    for name, rule, ok in ([(n, ">= 1", lambda v: v >= 1) for n in names]
+                           + [(n, ">= 0", lambda v: v >= 0) for n in zero_ok]
+                           + [(n, "> 0", lambda v: v > 0) for n in positive]):
         value = getattr(args, name, None)
         if value is not None and not ok(value):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value}")
@@ -82,18 +80,13 @@ def load_run(resume, out_path, kind):
     return load_checkpoint(path, kind=kind), path
 
 
-def eta_s(budget, elapsed, step, max_steps):
-    """Seconds left: the run ends at its time budget or at --max-steps, whichever comes first."""
-    left = max(budget - elapsed, 0)
-    return min(left, (max_steps - step) * elapsed / step) if max_steps else left
-
-
-def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, out_path,
-               ck=None, ck_path=None):
+def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_path, ck=None,
+               ck_path=None):
     """Continue checkpoint ck (from ck_path) if any; until --minutes or --max-steps runs out, set
     the lr to lr_fn(fraction done, step) and step on train_step(step) -> (loss, its log text as a
-    callable: only printed steps sync). Print report() every --eval-every steps, save(path, step,
-    elapsed) to <out_path>.run.pt every --save-minutes, and at the end to out_path."""
+    callable: only printed steps sync), clipped at norm 1.0 (both recipes'). Print report() every
+    --eval-every steps. Save fields() and what a resume restores (weights, optimizer, step, clock)
+    to <out_path>.run.pt every --save-minutes, and at the end to out_path."""
     step, elapsed = (ck.get("step", 0), ck.get("elapsed", 0.0)) if ck else (0, 0.0)
     if ck:
         model.load_state_dict(ck["state_dict"])
@@ -105,6 +98,11 @@ def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, 
         print(f"resuming {ck_path} at step {step}")
     budget, run_file = args.minutes * 60, os.path.splitext(out_path)[0] + ".run.pt"
     t_start, t_saved, text = time.time() - elapsed, time.time(), lambda: "no step was left"
+
+    def save(path):
+        save_checkpoint(path, dict(fields(), args=vars(args), tokenizer=data.tokenizer_hash(),
+                                   state_dict=model.state_dict(), optimizer=opt.state_dict(),
+                                   step=step, elapsed=time.time() - t_start))
     while (frac := max((time.time() - t_start) / budget,
                        step / args.max_steps if args.max_steps else 0.0)) < 1.0:
         lr = lr_fn(frac, step)
@@ -113,27 +111,28 @@ def train_loop(args, model, opt, params, clip, lr_fn, train_step, report, save, 
         loss, text = train_step(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         if step % args.eval_every == 0 or step == 1:
-            eta = eta_s(budget, time.time() - t_start, step, args.max_steps)
+            used = time.time() - t_start  # the run ends at its budget or at --max-steps, first
+            by_steps = (args.max_steps - step) * used / step if args.max_steps else math.inf
+            eta = max(min(budget - used, by_steps), 0)  # 0: the last step ran past the budget
             print(f"step {step:5d} | {text()} | {report()} | lr {lr:.2e} | "
                   f"ETA {eta / 60:.1f} min", flush=True)
         if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
-            save(run_file, step, time.time() - t_start)
+            save(run_file)
             t_saved = time.time()
     print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | {report()}")
-    save(out_path, step, time.time() - t_start)  # with the optimizer: --resume can extend it
+    save(out_path)  # with the optimizer: --resume can extend it
     if os.path.exists(run_file):
         os.remove(run_file)
     print(f"saved {out_path}")
 
 
 def main(args):
-    check_args(args, ["batch_size", "eval_every", "eval_batches"],
-               zero_ok=["mtp_depth", "warmup_steps", "quality_prompts"])
-    out_path = args.out_path or os.path.join(args.out, args.preset, "target.pt")
+    check_args(args, ["eval_batches"], zero_ok=["mtp_depth", "warmup_steps"])
+    out_path = args.out_path or os.path.join("out", args.preset, "target.pt")
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
@@ -152,10 +151,9 @@ def main(args):
     model = Transformer(cfg).to(device)
     mtp_mod = MTP(cfg, args.mtp_depth).to(device) if args.mtp_depth else None
     params = list(model.parameters()) + (list(mtp_mod.parameters()) if mtp_mod else [])
-    # weight decay on the matrices only, not on the RMSNorm gains
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2],
-                              "weight_decay": args.weight_decay},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+    matrices = [p for p in params if p.dim() >= 2]  # weight decay on these, not the RMSNorm gains
+    opt = torch.optim.AdamW([dict(params=matrices, weight_decay=args.weight_decay),
+                             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
                             lr=args.lr, betas=(0.9, 0.95))
     if mtp_mod is not None and ck and ck.get("mtp_state_dict"):
         mtp_mod.load_state_dict(ck["mtp_state_dict"])
@@ -169,7 +167,7 @@ def main(args):
     val_batches = [get_batch(val_tok, args.batch_size, seq_len, val_gen, device)
                    for _ in range(args.eval_batches)]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    val_loss = bpb = float("nan")
+    scores = dict(val_loss=float("nan"), bpb=float("nan"))  # the last report's, for the checkpoint
 
     def train_step(step):
         xy = get_batch(train_tok, args.batch_size, seq_len, gen, device)  # (B, T+1)
@@ -182,32 +180,21 @@ def main(args):
         return total, lambda: f"train {loss.item():.3f}{mtp_s()}"
 
     def report():
-        nonlocal val_loss, bpb
-        val_loss, bpb = evaluate(model, val_batches, enc)
-        return f"val {val_loss:.3f} ({bpb:.3f} bpb)"
+        scores["val_loss"], scores["bpb"] = evaluate(model, val_batches, enc)
+        return "val {val_loss:.3f} ({bpb:.3f} bpb)".format(**scores)
 
-    def save(path, step, elapsed):
-        save_checkpoint(path, dict(kind="target", config=cfg.__dict__, args=vars(args),
-                                   state_dict=model.state_dict(), optimizer=opt.state_dict(),
-                                   mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None,
-                                   tokenizer=data.tokenizer_hash(), step=step, elapsed=elapsed,
-                                   val_loss=val_loss, bpb=bpb))
-    train_loop(args, model, opt, params, args.grad_clip, lambda frac, step: lr_at(frac, step, args),
-               train_step, report, save, out_path, ck, path)
-    if args.quality_prompts:  # does it write code, or loop? A looping target flatters drafters
-        prompts = [enc.encode_ordinary(p) for p, _ in data.heldout_samples(args.quality_prompts)]
-        outs, _ = speculate.generate(model.eval(), prompts, None, max_new_tokens=128)
-        print(f"repeated 8-grams in 128 greedy tokens of {len(prompts)} held-out prompts: "
-              f"{np.mean([data.repeated_ngram_fraction(o, 8) for o in outs]):.1%} (real code ~2 %)")
-    return model
+    fields = lambda: dict(kind="target", config=cfg.__dict__, **scores,
+                          mtp_state_dict=mtp_mod.state_dict() if mtp_mod else None)
+    train_loop(args, model, opt, params, lambda frac, step: lr_at(frac, step, args), train_step,
+               report, fields, out_path, ck, path)
 
 
 def get_parser():
     p = argparse.ArgumentParser(description="Train the target.", formatter_class=DefaultsHelp)
     g = p.add_argument_group("model and output")
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model.py's PRESETS")
-    g.add_argument("--out", default="out", help="the checkpoint goes to OUT/<preset>/target.pt")
-    g.add_argument("--out-path", default=None, help="or here (e.g. out/cpu/draft.pt)")
+    g.add_argument("--out-path", default=None, help="the checkpoint (default: "
+                   "out/<preset>/target.pt; e.g. out/cpu/draft.pt for the draft model)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
                    help="continue the run from its .run.pt (or finished checkpoint), or FILE")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
@@ -220,10 +207,8 @@ def get_parser():
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None, help="default: the preset's context")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    g.add_argument("--min-lr-frac", type=float, default=0.1, help="final lr / peak lr")
     g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's, on matrices only")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     g = p.add_argument_group("multi-token prediction (mtp.py)")
     g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D) to train")
     g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (over D)")
@@ -232,7 +217,6 @@ def get_parser():
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
     g.add_argument("--save-minutes", type=float, default=2.0,
                    help="minutes between saves to <checkpoint>.run.pt (0: only at the end)")
-    g.add_argument("--quality-prompts", type=int, default=32, help="repeat-check prompts (0: none)")
     return p
 
 

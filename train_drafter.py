@@ -54,24 +54,16 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     return torch.tensor(out)
 
 
-def temperature_list(text):
-    """--distill-temperatures in one spelling ("0.0,1" -> "0,1"); argparse refuses non-numbers."""
-    return ",".join(f"{float(t):.15g}" for t in text.split(","))  # 15 digits: no value changes
-
-
 def get_distill_data(target, args, target_hash):
     """The cached data if every setting that shapes it (in the file name) matches, else built."""
-    temps = [float(t) for t in args.distill_temperatures.split(",")]
+    temps = args.distill_temperatures
     name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+"
             f"{args.gen_len}_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
     path = os.path.join(args.out_dir, name)
-    if os.path.exists(path):
-        try:
-            d = torch.load(path, weights_only=True)
-            print(f"distill: reusing {path}")
-            return d["train"], d["val"]
-        except Exception as e:  # a torn file (a copy cut short, a full disk)
-            print(f"distill: {path} is not usable ({type(e).__name__}); building it again")
+    if os.path.exists(path):  # whole: save_checkpoint writes a temp file, then renames it
+        print(f"distill: reusing {path}")
+        d = torch.load(path, weights_only=True)
+        return d["train"], d["val"]
     d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
                                    seed=args.seed + k, split=split)
          for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
@@ -88,36 +80,22 @@ MODELS = {"mtp": PostHocMTP, "eagle": Eagle, "dflash": DFlash}
 recipe_of = lambda key: ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
-def dflash_features(args, n_layer):
-    """How many target layers DFlash taps: --dflash-features, or 5 (every layer of a target with
-    fewer). More than the target has is refused: feature_layers would cut it without a word."""
-    n = min(5, n_layer) if args.dflash_features is None else args.dflash_features
-    if not 1 <= n <= n_layer:
-        raise ValueError(f"--dflash-features must be in 1..{n_layer} (target layers), got {n}")
-    return n
-
-
-def check_block_args(args):
-    """DFlash's --block-size and --loss-decay. A block anchored at a labels a+1..a+S-1 and the
-    first anchor is 1 (with --continuation-only the prompt's last): no slot may go unlabelled."""
+def check_block_size(args):
+    """DFlash's --block-size. A block anchored at a labels a+1..a+S-1 and the first anchor is 1
+    (with --continuation-only the prompt's last): no slot may go unlabelled."""
     first = max(1, args.prompt_len - 1) if args.continuation_only else 1
     longest = args.prompt_len + args.gen_len - first
     if not 2 <= args.block_size <= longest:
         raise ValueError(f"--block-size must be in 2..{longest} (a block labels the S-1 "
                          f"positions after its anchor), got {args.block_size}")
-    if args.loss_decay is not None and not args.loss_decay > 0:  # 0 fell back to the default
-        raise ValueError(f"--loss-decay must be > 0, got {args.loss_decay}")
 
 
-def make_drafter_model(method, target, args):
-    """A fresh drafter model of the flags' shape (a resumed one takes its checkpoint's)."""
-    if method == "mtp":
-        return PostHocMTP(target.cfg, depth=args.mtp_depth)
-    if method == "eagle":
-        return Eagle(target.cfg, ttt_steps=args.ttt_steps)
-    return DFlash(target.cfg, n_layer=args.dflash_layers, block_size=args.block_size,
-                  n_features=dflash_features(args, target.cfg.n_layer), anchors=args.anchors,
-                  gamma=args.loss_decay)
+def model_config(args):
+    """A fresh drafter's constructor arguments, from the flags (a resumed one takes its file's).
+    DFlash reads 5 target layers spread over depth (feature_layers), all of a shallower one."""
+    return {"mtp": dict(depth=args.mtp_depth), "eagle": dict(ttt_steps=args.ttt_steps),
+            "dflash": dict(n_layer=args.dflash_layers, block_size=args.block_size,
+                           anchors=args.anchors, gamma=args.loss_decay)}[args.method]
 
 
 @torch.no_grad()
@@ -150,8 +128,8 @@ def apply_recipe(args):
 
 def main(args):
     apply_recipe(args)
-    check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "batch_size", "eval_every",
-                      "mtp_depth", "ttt_steps", "dflash_layers", "anchors"])
+    check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "mtp_depth", "ttt_steps",
+                      "dflash_layers", "anchors"], positive=["loss_decay"])
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)
@@ -159,9 +137,8 @@ def main(args):
     if args.prompt_len + args.gen_len >= target.cfg.max_seq_len:  # generate keeps one free
         raise ValueError(f"--prompt-len + --gen-len must be below the target's context of "
                          f"{target.cfg.max_seq_len}, got {args.prompt_len} + {args.gen_len}")
-    if args.method == "dflash":  # refused here, before the distillation, and recorded resolved
-        check_block_args(args)
-        args.dflash_features = dflash_features(args, target.cfg.n_layer)
+    if args.method == "dflash":  # refused here, before the distillation
+        check_block_size(args)
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), "
@@ -177,8 +154,8 @@ def main(args):
     train, val = (x.to(device) for x in get_distill_data(target, args, th))  # (N, T) token ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
 
-    model = (MODELS[args.method](target.cfg, **ck["config"]) if ck
-             else make_drafter_model(args.method, target, args)).to(device)
+    config = ck["config"] if ck else model_config(args)
+    model = MODELS[args.method](target.cfg, **config).to(device)
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
@@ -208,17 +185,13 @@ def main(args):
         agree = " ".join(f"{a:.2f}" for a in acc[:16])
         return f"val {vl:.3f} | top-1 agreement per position {agree}"
 
-    def save(path, step, elapsed):
-        save_checkpoint(path, dict(kind=args.method, config=model.config_dict(),
-                                   state_dict=model.state_dict(), target_hash=th,
-                                   tokenizer=data.tokenizer_hash(), args=vars(args),
-                                   optimizer=opt.state_dict(), step=step, elapsed=elapsed,
-                                   train_minutes=elapsed / 60, val_agreement=acc))
+    fields = lambda: dict(kind=args.method, config=model.config_dict(), target_hash=th,
+                          val_agreement=acc)
 
     def lr_at(frac, step):  # the DFlash paper's: linear warm-up over 4 % of the run, cosine to 0
         cos = 0.5 * (1 + math.cos(math.pi * (frac - 0.04) / (1 - 0.04)))
         return args.lr * (frac / 0.04 if frac < 0.04 else cos)
-    train_loop(args, model, opt, params, 1.0, lr_at, train_step, report, save, path, ck, resume)
+    train_loop(args, model, opt, params, lr_at, train_step, report, fields, path, ck, resume)
     short = lambda p: os.path.abspath(p) if os.path.relpath(p).split(os.sep)[0] == os.pardir \
         else os.path.relpath(p)  # relative, unless that climbs out of here (no ../../tmp/...)
     print(f"measure it: python bench.py --target {short(args.target)} --weights "
@@ -240,7 +213,8 @@ def get_parser():
     g.add_argument("--n-val-seqs", type=int, default=64, help="held-out ones (the val split)")
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens generated per prompt")
-    g.add_argument("--distill-temperatures", default="0,1", type=temperature_list,
+    g.add_argument("--distill-temperatures", default="0,1",  # argparse parses the default too
+                   type=lambda text: [float(t) for t in text.split(",")],
                    help="cycled over the generation batches of 32 continuations")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
@@ -257,8 +231,6 @@ def get_parser():
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")
     g.add_argument("--dflash-layers", type=int, default=2, help="dflash: drafter layers")
-    g.add_argument("--dflash-features", type=int, default=None,
-                   help="dflash: target layers read (default: 5, or all of a smaller target)")
     g.add_argument("--block-size", type=int, default=16, help="dflash: block size S (S-1 drafts)")
     g.add_argument("--loss-decay", type=float, default=None, help="dflash: position k's loss "
                    f"weight is exp(-(k-1)/GAMMA) (default: {recipe_of('loss_decay')})")

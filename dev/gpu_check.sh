@@ -83,7 +83,7 @@ step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16
   --json "$LOG/bench_bf16.json"
 TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
 $PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 \
-  --mtp-depth 2 --eval-every 10 --eval-batches 2 --quality-prompts 0 --out-path "$W/target.pt" &&
+  --mtp-depth 2 --eval-every 10 --eval-batches 2 --out-path "$W/target.pt" &&
 for m in mtp eagle dflash; do
   $PY train_drafter.py --method $m --target "$W/target.pt" --out-dir "$W" --device cuda \
     --n-seqs 8 --n-val-seqs 2 --gen-len 16 --max-steps 5 --eval-every 5 || exit 1

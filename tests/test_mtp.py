@@ -299,7 +299,7 @@ def test_train_py_with_native_mtp_runs(tmp_path, capsys):
     path = str(tmp_path / "target.pt")
     args = train.get_parser().parse_args(
         ["--preset", "tiny", "--mtp-depth", "2", "--max-steps", "3", "--minutes", "5", "--batch-size", "2",
-         "--seq-len", "32", "--eval-batches", "1", "--quality-prompts", "0", "--device", "cpu",
+         "--seq-len", "32", "--eval-batches", "1", "--device", "cpu",
          "--out-path", path, "--save-minutes", "0"])
     train.main(args)
     from checkpoint import load_target

@@ -14,6 +14,7 @@ import torch
 import checkpoint
 import data
 import speculate
+import train
 import train_drafter
 from checkpoint import load_target
 from model import PRESETS, Config
@@ -46,8 +47,7 @@ def parse(method, *flags):
 
 def drafter_class(target_dir, method):
     """The class of method's drafter model, whose loss the tests spy on."""
-    target = load_target(str(target_dir / "target.pt"))
-    return type(train_drafter.make_drafter_model(method, target, parse(method)))
+    return train_drafter.MODELS[method]
 
 
 # -----------------------------------------------------------------------------
@@ -126,13 +126,13 @@ class Interrupted(Exception):
 
 
 def killed_after(step):
-    """A save_checkpoint that dies right after writing the run's state at `step`, as a process
-    killed there would."""
-    real = train_drafter.save_checkpoint
+    """A save_checkpoint for train.py's train_loop that dies right after writing the run's state
+    at `step`, as a process killed there would."""
+    real = train.save_checkpoint
 
     def save(path, obj):
         real(path, obj)
-        if obj.get("step") == step:  # (the distillation data is saved this way too)
+        if obj["step"] == step:
             raise Interrupted
     return save
 
@@ -144,27 +144,27 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
     and no drafter; the same command plus --resume continues it to step 10 with its optimizer
     and removes the run file. The clock continues too: a run saved past --minutes ends at
     once."""
-    def train(*extra):
+    def run_10_steps(*extra):
         run(target_dir, method, "--out-dir", str(tmp_path), "--max-steps", "10",
             "--batch-size", "2", "--save-minutes", "1e-9", *extra)
         return torch.load(tmp_path / f"{method}.pt", weights_only=True)
 
     with monkeypatch.context() as m, pytest.raises(Interrupted):
-        m.setattr(train_drafter, "save_checkpoint", killed_after(5))
-        train()
+        m.setattr(train, "save_checkpoint", killed_after(5))
+        run_10_steps()
     state = tmp_path / f"{method}.run.pt"
     late = torch.load(state, weights_only=True)
     assert late["step"] == 5 and not (tmp_path / f"{method}.pt").exists()  # no half a drafter
     capsys.readouterr()
-    resumed = train("--resume")
+    resumed = run_10_steps("--resume")
     assert f"resuming {state} at step 5" in capsys.readouterr().out and not state.exists()
     assert resumed["step"] == 10
     assert all(s["step"] == 10 for s in resumed["optimizer"]["state"].values())
 
     late["elapsed"] = 1e6
     torch.save(late, tmp_path / "late.pt")
-    ended = train("--resume", str(tmp_path / "late.pt"))
-    assert ended["train_minutes"] > 1e6 / 60 and ended["step"] == 5  # no step taken
+    ended = run_10_steps("--resume", str(tmp_path / "late.pt"))
+    assert ended["elapsed"] > 1e6 and ended["step"] == 5  # no step taken
     assert all(torch.equal(v, late["state_dict"][k]) for k, v in ended["state_dict"].items())
 
 
@@ -232,7 +232,8 @@ def fake_distill(monkeypatch):
     return seen
 
 
-DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures="0", seed=0)
+DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures=[0.0],
+               seed=0)
 
 
 def distill(tmp_path, **change):
@@ -275,23 +276,11 @@ def test_validation_distill_data_comes_from_the_val_split(fake_distill, tmp_path
     assert train.shape == (4, 7) and val.shape == (2, 7)
 
 
-def test_a_torn_distillation_file_is_built_again(fake_distill, tmp_path, capsys):
-    """A cached file cut short (a copy, a full disk) ended the run in torch's zip-reader
-    traceback."""
-    train, _ = distill(tmp_path)
-    path = next(tmp_path.glob("distill_*.pt"))
-    path.write_bytes(path.read_bytes()[:100])
-    again, _ = distill(tmp_path)
-    assert f"distill: {path} is not usable" in capsys.readouterr().out
-    assert torch.equal(again, train)
-    assert torch.equal(distill(tmp_path)[0], train)  # and saved whole
-
-
 def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake_distill,
                                                                             tmp_path, capsys):
     """Other temperatures, seed, counts or lengths make other data: reusing the cached file
     would train on the wrong text without a word."""
-    changes = [{}, {"distill_temperatures": "0,1"}, {"seed": 1}, {"n_val_seqs": 3},
+    changes = [{}, {"distill_temperatures": [0.0, 1.0]}, {"seed": 1}, {"n_val_seqs": 3},
                {"n_seqs": 6}, {"prompt_len": 5}, {"gen_len": 2}, {}]
     for change in changes:
         train, _ = distill(tmp_path, **change)
@@ -301,10 +290,9 @@ def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake
     assert len(list(tmp_path.glob("distill_*.pt"))) == len(changes) - 1
 
 
-def test_distill_temperatures_are_numbers_in_one_spelling():
-    assert parse("eagle", "--distill-temperatures", "0.0,1").distill_temperatures == "0,1"
-    assert parse("eagle", "--distill-temperatures", "0.3333333").distill_temperatures == \
-        "0.3333333"  # the value kept whole
+def test_distill_temperatures_are_numbers():
+    assert parse("eagle").distill_temperatures == [0.0, 1.0]  # the default, parsed too
+    assert parse("eagle", "--distill-temperatures", "0.0,1").distill_temperatures == [0.0, 1.0]
     with pytest.raises(SystemExit):
         parse("eagle", "--distill-temperatures", "0,hot")
 
@@ -317,22 +305,19 @@ def test_distill_temperatures_are_numbers_in_one_spelling():
     (["--loss-decay", "0"], "--loss-decay must be > 0"),
     (["--block-size", "40"], r"--block-size must be in 2\.\.39"),
     (["--block-size", "26", "--continuation-only"], r"must be in 2\.\.25"),
-    (["--dflash-features", "3"], r"--dflash-features must be in 1\.\.2"),
     (["--save-minutes", "-1"], "--save-minutes must be >= 0"),
     (["--lr", "-1"], "--lr must be > 0")])
 def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_path, flags,
                                                                 message):
-    """--loss-decay 0 fell back to the default, a block past the sequence had no labels, and
-    more features than target layers were cut to the layers."""
+    """--loss-decay 0 fell back to the default, and a block past the sequence had no labels."""
     with pytest.raises(ValueError, match=message):
         run(target_dir, "dflash", "--out-dir", str(tmp_path), *flags)
     assert not list(tmp_path.iterdir())  # refused before the distillation
 
 
 def test_another_methods_flags_do_not_refuse_a_run(target_dir, tmp_path):
-    """eagle ignores DFlash's flags: values DFlash would refuse pass."""
-    run(target_dir, "eagle", "--out-dir", str(tmp_path), "--block-size", "40",
-        "--dflash-features", "3")
+    """eagle ignores DFlash's block: a size DFlash's sequences could not label passes."""
+    run(target_dir, "eagle", "--out-dir", str(tmp_path), "--block-size", "40")
     assert (tmp_path / "eagle.pt").exists()
 
 
@@ -342,43 +327,34 @@ def test_unset_flags_take_the_method_recipe_and_given_flags_win():
     assert (dflash.batch_size, dflash.lr, dflash.loss_decay) == (8, 6e-4, 4.0)
     given = parse("dflash", "--batch-size", "3", "--lr", "1e-3", "--loss-decay", "7")
     assert (given.batch_size, given.lr, given.loss_decay) == (3, 1e-3, 7.0)
-    target = argparse.Namespace(cfg=Config(vocab_size=64, **PRESETS["tiny"]))
-    assert train_drafter.make_drafter_model("dflash", target, dflash).gamma == 4.0
+    assert train_drafter.model_config(dflash)["gamma"] == 4.0
 
 
 def test_model_flags_reach_each_drafter_model():
-    """--block-size, --dflash-layers, --dflash-features, --anchors, --loss-decay, --ttt-steps and
-    --mtp-depth shape the models (every other test leaves them at their defaults)."""
-    target = argparse.Namespace(cfg=Config(vocab_size=64, **{**PRESETS["tiny"], "n_layer": 6}))
-    make = lambda m, *a: train_drafter.make_drafter_model(m, target, parse(m, *a))
-    df = make("dflash", "--block-size", "8", "--dflash-layers", "1", "--dflash-features", "3",
-              "--anchors", "5", "--loss-decay", "2")
-    want = dict(n_layer=1, n_features=3, block_size=8, anchors=5, gamma=2.0, mask_id=63)
+    """--block-size, --dflash-layers, --anchors, --loss-decay, --ttt-steps and --mtp-depth shape
+    the models (every other test leaves them at their defaults). DFlash reads 5 target layers,
+    every layer of a shallower target."""
+    def make(method, *flags, n_layer=6):
+        cfg = Config(vocab_size=64, **{**PRESETS["tiny"], "n_layer": n_layer})
+        args = parse(method, *flags)
+        return train_drafter.MODELS[method](cfg, **train_drafter.model_config(args))
+    df = make("dflash", "--block-size", "8", "--dflash-layers", "1", "--anchors", "5",
+              "--loss-decay", "2")
+    want = dict(n_layer=1, n_features=5, block_size=8, anchors=5, gamma=2.0, mask_id=63)
     assert {k: df.config_dict()[k] for k in want} == want
-    assert df.hidden_layers == (1, 4, 6) and len(df.layers) == 1
+    assert len(df.hidden_layers) == 5 and len(df.layers) == 1
+    assert make("dflash", n_layer=3).hidden_layers == (1, 2, 3)
     assert make("eagle", "--ttt-steps", "3").ttt_steps == 3
     assert make("mtp", "--mtp-depth", "2").config_dict() == {"depth": 2}
-
-
-def test_dflash_features_default_and_range():
-    """5 target layers by default, every layer of a shallower target; 0 and more than the
-    target has are refused."""
-    n = lambda given, n_layer: train_drafter.dflash_features(
-        argparse.Namespace(dflash_features=given), n_layer)
-    assert (n(None, 6), n(None, 3), n(1, 6), n(6, 6)) == (5, 3, 1, 6)
-    for bad in (0, 7):
-        with pytest.raises(ValueError, match=r"1\.\.6"):
-            n(bad, 6)
 
 
 def test_the_longest_block_a_sequence_labels_is_accepted():
     """The upper bound is inclusive: 16 + 24 tokens label a block of 39 from anchor 1, and of 25
     from the prompt's last token with --continuation-only (one more is refused above)."""
-    a = argparse.Namespace(prompt_len=16, gen_len=24, continuation_only=False, block_size=39,
-                           loss_decay=None)
-    train_drafter.check_block_args(a)
+    a = argparse.Namespace(prompt_len=16, gen_len=24, continuation_only=False, block_size=39)
+    train_drafter.check_block_size(a)
     a.continuation_only, a.block_size = True, 25
-    train_drafter.check_block_args(a)
+    train_drafter.check_block_size(a)
 
 
 # -----------------------------------------------------------------------------
