@@ -13,13 +13,10 @@
 // kernel1: a block per row, up to the first mismatch (sampling's only kernel); kernel2 (greedy's
 // default): a block per (position, row); the row's last block scans. Run: python -m dflash_kernels
 
-#include <c10/core/ScalarType.h>
+#include <c10/core/ScalarType.h>  // with c10::Half, c10::BFloat16, CUDA_KERNEL_ASSERT
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/macros/Macros.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <cstdint>
 #include <type_traits>
 
@@ -149,7 +146,6 @@ __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test
   }
   __syncthreads();
   const int n = s_n;
-  // emit from max(0, p_n - q_n); from p_n itself after the last draft or at an empty slot
   const bool drafted = n < K && drafts[b * K + n] >= 0;
   const float* p_n = p + (b * K1 + n) * V;
   const float* q_n = (q && drafted) ? q + (b * K + n) * V : nullptr;
@@ -199,42 +195,34 @@ __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test
     n_out[b] = n, next_out[b] = s_first < V ? s_first : s_last > 0 ? (int64_t)s_last - 1 : V - 1;
 }
 
-template <typename scalar_t>  // ext.cpp checks the tensors, makes best and tickets (zeros)
-static void launch_greedy(const void* p, const int64_t* drafts, int64_t* n, int64_t* next,
-                          int64_t* best, int* tickets, int64_t B, int64_t K, int64_t V, int version,
-                          cudaStream_t stream) {
-  if (version == 1) {
-    accept_greedy_kernel1<scalar_t><<<B, kThreads, 0, stream>>>(
-        (const scalar_t*)p, drafts, n, next, (int)K, V);
-  } else {
-    accept_greedy_kernel2<scalar_t><<<dim3(K + 1, B), kThreads, 0, stream>>>(
-        (const scalar_t*)p, drafts, best, tickets, n, next, (int)K, V);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts,
                       const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
                       int* tickets, int64_t B, int64_t K, int64_t V, int version, int device) {
   if (B == 0) return;  // a launch with zero blocks is an error
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // the tensors' GPU
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // torch's current stream
-  if (u != nullptr) {
+  if (u != nullptr) {  // sampling: ext.cpp made p and q float32
     accept_sample_kernel1<<<B, kThreads, 0, stream>>>(
         (const float*)p, drafts, q, u, n, next, (int)K, V);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
+  auto greedy = [&](auto value) {  // a value of p's dtype names scalar_t
+    using scalar_t = decltype(value);
+    if (version == 1) {
+      accept_greedy_kernel1<scalar_t><<<B, kThreads, 0, stream>>>(
+          (const scalar_t*)p, drafts, n, next, (int)K, V);
+    } else {  // ext.cpp made best and tickets (zeros), kernel2's workspaces
+      accept_greedy_kernel2<scalar_t><<<dim3(K + 1, B), kThreads, 0, stream>>>(
+          (const scalar_t*)p, drafts, best, tickets, n, next, (int)K, V);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
   switch (p_dtype) {
-    case c10::ScalarType::Double:
-      return launch_greedy<double>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
-    case c10::ScalarType::Float:
-      return launch_greedy<float>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
-    case c10::ScalarType::Half:
-      return launch_greedy<c10::Half>(p, drafts, n, next, best, tickets, B, K, V, version, stream);
-    case c10::ScalarType::BFloat16:
-      return launch_greedy<c10::BFloat16>(p, drafts, n, next, best, tickets, B, K, V, version,
-                                          stream);
+    case c10::ScalarType::Double: return greedy(double());
+    case c10::ScalarType::Float: return greedy(float());
+    case c10::ScalarType::Half: return greedy(c10::Half());
+    case c10::ScalarType::BFloat16: return greedy(c10::BFloat16());
     default: TORCH_CHECK(false, "accept_scan_cuda: unsupported dtype ", p_dtype);
   }
 }

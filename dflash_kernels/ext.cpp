@@ -5,10 +5,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>  // pybind11 + the at::Tensor / optional casters
-#include <cstdint>
-#include <initializer_list>
-#include <optional>
-#include <tuple>
 
 void kv_inject_cuda(  // the launchers, defined in kv_inject.cu and accept_scan.cu
     void* cache_k, void* cache_v, const void* new_k, const void* new_v, const int64_t* offsets,
@@ -37,7 +33,6 @@ static void expect(std::initializer_list<at::Tensor> ts, const char* what, at::I
 void kv_inject(const at::Tensor& cache_k, const at::Tensor& cache_v, const at::Tensor& new_k,
                const at::Tensor& new_v, const at::Tensor& offsets, const at::Tensor& counts,
                const at::Tensor& cos, const at::Tensor& sin) {
-  // cache (L, B, H, T_max, D), new (L, B, T_new, H, D), offsets/counts (B,), cos/sin (P, D/2)
   TORCH_CHECK(cache_k.dim() == 5 && cache_k.size(4) % 2 == 0,
               "kv_inject: cache_k must be (L, B, H, T_max, D), D even (RoPE), got ",
               cache_k.sizes());
@@ -63,7 +58,6 @@ void kv_inject(const at::Tensor& cache_k, const at::Tensor& cache_v, const at::T
 std::tuple<at::Tensor, at::Tensor> accept_scan(
     const at::Tensor& p_in, const at::Tensor& drafts, const std::optional<at::Tensor>& q_in,
     const std::optional<at::Tensor>& uniforms, int64_t version) {
-  // p (B, K+1, V), drafts (B, K), q (B, K, V) or None, uniforms (B, K+1) or None (greedy)
   TORCH_CHECK(p_in.dim() == 3 && p_in.size(1) >= 1 && p_in.size(2) >= 1 && p_in.is_contiguous(),
               "accept_scan: p must be (B, K+1, V), contiguous, got ", p_in.sizes());
   const int64_t B = p_in.size(0), K = p_in.size(1) - 1, V = p_in.size(2);

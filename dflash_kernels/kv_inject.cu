@@ -10,13 +10,10 @@
 // kernel1: a thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; no FMA: bit-exact with
 // the reference; a row out of bounds is skipped (device assert). Run: python -m dflash_kernels
 
-#include <c10/core/ScalarType.h>
+#include <c10/core/ScalarType.h>  // with c10::Half, c10::BFloat16, CUDA_KERNEL_ASSERT
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/macros/Macros.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <algorithm>
 #include <cstdint>
 
@@ -39,9 +36,8 @@ __global__ void kv_inject_kernel1(
     r /= T_new;
     const int64_t b = r % B, l = r / B;
     const int64_t count = counts[b], off = offsets[b];
-    // the reference's checks, on every row, before the padding skip (a huge off + count wraps)
     const bool ok = count >= 0 && count <= T_new && off >= 0 && off <= T_max - count &&
-                    off <= P - count;
+                    off <= P - count;  // the reference's checks; off + count could wrap
     CUDA_KERNEL_ASSERT(ok && "kv_inject: offsets[b] + counts[b] exceeds the cache or RoPE tables");
     if (!ok) continue;         // never write out of bounds, even with device asserts compiled out
     if (t >= count) continue;  // padding of a short row: untouched
@@ -59,37 +55,27 @@ __global__ void kv_inject_kernel1(
   }
 }
 
-template <typename scalar_t>
-static void launch1(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
+void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
                     const int64_t* offsets, const int64_t* counts, const float* cos,
                     const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
-                    int64_t T_new, int64_t P, int device) {
+                    int64_t T_new, int64_t P, c10::ScalarType dtype, int device) {
   const int64_t N = L * B * T_new * H * (D / 2);
   if (N == 0) return;  // a launch with zero blocks is an error
   const int threads = 256;  // a grid-stride loop covers what the capped grid does not
   const int64_t blocks = std::min<int64_t>((N + threads - 1) / threads, 1 << 16);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // the tensors' GPU
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);  // torch's current stream
-  kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
-      (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v,
-      offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void kv_inject_cuda(void* cache_k, void* cache_v, const void* new_k, const void* new_v,
-                    const int64_t* offsets, const int64_t* counts, const float* cos,
-                    const float* sin, int64_t L, int64_t B, int64_t H, int64_t T_max, int64_t D,
-                    int64_t T_new, int64_t P, c10::ScalarType dtype, int device) {
+  auto launch1 = [&](auto value) {  // a value of the caches' dtype names scalar_t
+    using scalar_t = decltype(value);
+    kv_inject_kernel1<scalar_t><<<blocks, threads, 0, stream>>>(
+        (scalar_t*)cache_k, (scalar_t*)cache_v, (const scalar_t*)new_k, (const scalar_t*)new_v,
+        offsets, counts, cos, sin, L, B, H, T_max, D, T_new, P);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
   switch (dtype) {
-    case c10::ScalarType::Float:
-      return launch1<float>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B, H,
-                            T_max, D, T_new, P, device);
-    case c10::ScalarType::Half:
-      return launch1<c10::Half>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L, B,
-                                H, T_max, D, T_new, P, device);
-    case c10::ScalarType::BFloat16:
-      return launch1<c10::BFloat16>(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin, L,
-                                    B, H, T_max, D, T_new, P, device);
+    case c10::ScalarType::Float: return launch1(float());
+    case c10::ScalarType::Half: return launch1(c10::Half());
+    case c10::ScalarType::BFloat16: return launch1(c10::BFloat16());
     default: TORCH_CHECK(false, "kv_inject_cuda: unsupported dtype ", dtype);
   }
 }
