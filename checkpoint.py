@@ -101,16 +101,18 @@ def load_target(path, device="cpu", dtype=torch.float32):
 
 
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,
-                 mtp_margin=0.0, tree_nodes=32):
+                 mtp_margin=0.0, tree_nodes=32, confidence=0.0):
     """The drafter for a method name (ar: None) from folder/<method>.pt, checked against the target
-    (or the target's own MTP heads, or a z-lab DFlash folder); dflash-tree carries a DraftTree."""
+    (or the target's own MTP heads, or a z-lab DFlash folder); dflash-tree carries a DraftTree.
+    confidence (draft, eagle, dflash): stop drafting where unsure (draft_simple.cut_unsure)."""
     if method == "ar":
         return None
     if method == "ngram":
         return NgramDrafter()
     if method == "draft":  # follows the target's device and dtype
         w = target.head.weight
-        return ModelDrafter(load_target(os.path.join(folder, "draft.pt"), w.device, w.dtype))
+        return ModelDrafter(load_target(os.path.join(folder, "draft.pt"), w.device, w.dtype),
+                            confidence=confidence)
     if method == "dflash-tree":
         drafter = load_drafter("dflash", target, folder, block_size)
         drafter.tree = DraftTree(tree_nodes)
@@ -140,11 +142,12 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     if method == "mtp":
         return MTPDrafter(target, model, n_draft=mtp_draft, margin=mtp_margin)
     if method == "eagle":
-        return EagleDrafter(target, model)
-    return DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample)
+        return EagleDrafter(target, model, confidence=confidence)
+    return DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample,
+                         confidence=confidence)
 
 
-# load_drafter's options as flags (bench.py, sample.py): flag -> (its method, argparse settings)
+# load_drafter's options as flags (bench.py, sample.py): flag -> (its methods, argparse settings)
 DRAFTER_FLAGS = {
     "--block-size": ("dflash", dict(dest="block_size", type=int, default=None,
                                     help="dflash block size S, drafts S-1 (default: trained, 16)")),
@@ -156,6 +159,8 @@ DRAFTER_FLAGS = {
                                 help="mtp: draft N tokens per step (default: its depth)")),
     "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0,
                                  help="mtp: stop drafting below this top-1 vs top-2 logit margin")),
+    "--confidence": ("draft eagle dflash", dict(dest="confidence", type=float, default=0.0,
+                     help="stop past a draft of probability < C (dflash: their product); 0: off")),
 }
 
 
@@ -166,10 +171,13 @@ def add_drafter_flags(parser):
 
 def drafter_options(args, parser, methods):
     """load_drafter's keywords from the flags; a flag for a method not run is refused."""
-    for flag, (m, kw) in DRAFTER_FLAGS.items():
-        used = any(x.startswith(m) or m.startswith(x) for x in methods)  # dflash, dflash-tree
+    for flag, (ms, kw) in DRAFTER_FLAGS.items():  # prefixes match: dflash, dflash-tree
+        used = any(x.startswith(m) or m.startswith(x) for m in ms.split() for x in methods)
         if not used and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):
-            raise ValueError(f"{flag} sets an option of {m}, which is not being run")
+            raise ValueError(f"{flag} sets an option of {ms.replace(' ', '/')}, which is not "
+                             "being run")
+    if not 0 <= args.confidence <= 1:  # NaN too
+        raise ValueError(f"--confidence must be within 0..1 (0: off), got {args.confidence}")
     return {kw["dest"]: getattr(args, kw["dest"]) for _, kw in DRAFTER_FLAGS.values()}
 
 

@@ -45,7 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dflash_kernels as kernels
-from model import Block, RMSNorm, apply_rope, draw, logits_to_probs
+from draft_simple import confidence, cut_unsure, draft_token
+from model import Block, RMSNorm, apply_rope
 
 # loss decay per block size S (paper); train_drafter's recipe passes 4 at every block size
 # (for S = 16 it beat 7)
@@ -230,12 +231,13 @@ class DFlashDrafter:
     for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's).
     When sampling, each slot's draft is drawn from its own q (sample=False: argmax drafts)."""
 
-    def __init__(self, target, dflash, block_size=None, sample=True):
+    def __init__(self, target, dflash, block_size=None, sample=True, confidence=0.0):
         bs = dflash.block_size if block_size is None else block_size  # 0 is refused, not default
         if not 2 <= bs <= dflash.block_size:
             raise ValueError(f"block size {bs} is outside what the drafter was trained for "
                              f"(2..{dflash.block_size})")
         self.target, self.dflash, self.block_size, self.sample = target, dflash, bs, sample
+        self.confidence = confidence  # --confidence: drafts only as far as the block is sure
         self.hidden_layers = dflash.hidden_layers
         self.default_K = self.max_K = bs - 1  # a block drafts its bs - 1 masked slots, no more
 
@@ -302,7 +304,8 @@ class DFlashDrafter:
         # (docs/experiments.md)
         S = min(K, self.max_K) + 1
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
-        if temperature > 0 and self.sample:  # independent draws from each slot's own q
-            q = logits_to_probs(logits, temperature, top_k)                          # (B, S-1, V)
-            return draw(q, generator), q
-        return logits.argmax(-1), None
+        # when sampling, independent draws from each slot's own q (B, S-1, V)
+        d, q = draft_token(logits, temperature, top_k, generator, self.sample)
+        if self.confidence > 0:  # keep slot i while the confidences before it multiply to >= C
+            d, q = cut_unsure(d, q, confidence(logits, d).cumprod(1), self.confidence)
+        return d, q

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from draft_simple import draft_token, ragged_positions, run_layer
+from draft_simple import draft_chain, ragged_positions, run_layer
 from kv_cache import KVCache
 from model import MLP, Attention, RMSNorm
 
@@ -146,8 +146,8 @@ class EagleDrafter:
     """The drafter interface of speculate.py (see the module docstring for the positions)."""
     default_K = 7
 
-    def __init__(self, target, eagle, sample=True):
-        self.target, self.eagle, self.sample = target, eagle, sample
+    def __init__(self, target, eagle, sample=True, confidence=0.0):
+        self.target, self.eagle, self.sample, self.confidence = target, eagle, sample, confidence
         self.hidden_layers = eagle.hidden_layers
 
     def params(self):
@@ -205,12 +205,8 @@ class EagleDrafter:
         # finished one, drafts unused) drafts from an earlier point; speculate.generate leaves room
         n = n.clamp(max=tokens.shape[1] - K - 1)
         h, logits = self.catch_up(tokens, n)
-        drafts, qs = [], []
-        for i in range(K):
-            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
-            drafts.append(d)
-            qs += [q] if q is not None else []
-            if i < K - 1:
-                h, logits = self.step(h, d)                          # feed back own feature + draft
+        # each step feeds back its own feature + draft; --confidence stops it early (draft_chain)
+        out = draft_chain(self.step, h, logits, K, temperature, top_k, generator, self.sample,
+                          self.confidence)
         self.cache.rollback(n - 1)                              # keep only exact positions 0..n-2
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)  # (B, K), (B, K, V)
+        return out                                              # (B, K' <= K), (B, K', V)

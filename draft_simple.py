@@ -1,17 +1,20 @@
 """
-The two drafters that read no target features, and the helpers the drafters with a cache of
-their own share (mtp.py, draft_eagle.py). Their interface is in speculate.py's docstring.
+The two drafters that read no target features, the helpers the drafters with a cache of their
+own share (mtp.py, draft_eagle.py), and the --confidence cut of draft, eagle and dflash. Their
+interface is in speculate.py's docstring.
 
   ngram  prompt lookup (Saxena 2023): the tokens that followed the latest earlier occurrence
          of the last n committed tokens. No training, no model, no q.
   draft  a smaller model of the target's family with its own KV cache drafts K tokens one at
          a time (Leviathan et al. 2023); when sampling it returns its real q. Trained like any
-         LM: `python train.py --preset cpu-draft --out-path out/cpu/draft.pt`.
+         LM: `python train.py --preset cpu-draft --out-path out/cpu/draft.pt`. --confidence C:
+         a row stops after a draft it is less sure of than C (draft_chain).
 
     python sample.py --method ngram --prompt "def parse("
 """
 
 import torch
+import torch.nn.functional as F
 
 from model import draw, logits_to_probs
 from speculate import NO_DRAFT
@@ -48,12 +51,49 @@ def run_layer(layer, target, cache, *inputs):
 
 
 def draft_token(logits, temperature=0.0, top_k=None, generator=None, sample=True):
-    """One draft per row from (B, V) logits: drawn from the warped q, returned too for the ratio
-    test, when sampling; else the argmax (q one-hot: None)."""
+    """One draft per row from (B, V) logits (or (B, K, V): one per slot): drawn from the warped
+    q, returned too for the ratio test, when sampling; else the argmax (q one-hot: None)."""
     if temperature > 0 and sample:
-        q = logits_to_probs(logits, temperature, top_k)                 # (B, V)
+        q = logits_to_probs(logits, temperature, top_k)                 # (B, [K,] V)
         return draw(q, generator), q
     return logits.argmax(-1), None
+
+
+def confidence(logits, d):
+    """--confidence's measure: the drafter's probability of its drafts d (B, [K]) at T = 1 under
+    its logits (B, [K,] V), whatever the run's temperature and top-k (argmax: the top one)."""
+    return logits.float().softmax(-1).gather(-1, d[..., None])[..., 0]
+
+
+def cut_unsure(drafts, q, conf, C):
+    """drafts (B, K) and q (B, K, V) or None cut after each row's first slot whose conf (B, K) is
+    below C: later slots NO_DRAFT, columns past the longest row dropped. conf: each draft's
+    confidence (draft, eagle), or their running product along the block (dflash).
+    NOTE: LOSSLESS ONLY SO: whether slot i is drafted may depend on the drafts before it, never
+    on its own; dropping a draft for its own low q(d) leaves kept drafts drawn from q restricted
+    to sure tokens, not from q, and biases the ratio test (tests/test_adaptive.py catches it)."""
+    keep = F.pad((conf < C).long().cumsum(1)[:, :-1], (1, 0)) == 0  # none unsure before it
+    width = int(keep.sum(1).max())                                  # a host sync
+    return torch.where(keep, drafts, NO_DRAFT)[:, :width], (None if q is None else q[:, :width])
+
+
+def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0):
+    """Up to K drafts one at a time (draft, eagle): logits (B, V) give the first, step(h, d) ->
+    (h, logits) the next in one drafter pass (h: eagle's feature). C > 0: once every row drafted
+    one it is unsure of, no more passes (cut_unsure). -> drafts (B, K'), q (B, K', V) or None."""
+    drafts, qs, conf = [], [], []
+    for i in range(K):
+        d, q = draft_token(logits, temperature, top_k, generator, sample)
+        drafts.append(d)
+        qs += [q] if q is not None else []
+        if C > 0:  # decided after slot i is drafted: only later slots may go
+            conf.append(confidence(logits, d))
+            if bool((torch.stack(conf, 1) < C).any(1).all()):  # every row stopped (a host sync)
+                break
+        if i < K - 1:
+            h, logits = step(h, d)
+    drafts, q = torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+    return cut_unsure(drafts, q, torch.stack(conf, 1), C) if conf else (drafts, q)
 
 
 class NgramDrafter:
@@ -92,8 +132,8 @@ class ModelDrafter:
     """A smaller model of the target's family drafts K tokens one at a time (module docstring)."""
     hidden_layers = ()
 
-    def __init__(self, model, sample=True):
-        self.model, self.sample = model, sample
+    def __init__(self, model, sample=True, confidence=0.0):
+        self.model, self.sample, self.confidence = model, sample, confidence
         self.vocab_size = model.cfg.vocab_size  # generate refuses a target of another vocabulary
 
     def params(self):
@@ -118,12 +158,8 @@ class ModelDrafter:
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         logits = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
-        drafts, qs = [], []
-        for i in range(K):
-            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
-            drafts.append(d)
-            qs += [q] if q is not None else []
-            if i < K - 1:
-                logits = self.model(d[:, None], self.cache)[0][:, -1]
+        step = lambda h, d: (h, self.model(d[:, None], self.cache)[0][:, -1])
+        out = draft_chain(step, None, logits, K, temperature, top_k, generator, self.sample,
+                          self.confidence)
         self.cache.rollback(n)  # tentative drafts leave the draft cache
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+        return out
