@@ -23,7 +23,7 @@ import torch
 import data
 import dflash_kernels as kernels
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
-                        load_target)
+                        load_target, load_tokenizer)
 from speculate import generate
 
 REPEAT_WARN = 0.15  # a target repeating more of its 8-grams loops (real code: ~2 %, DESIGN sec. 2)
@@ -293,7 +293,7 @@ def main(argv=None):
             print(f"skipping {m}: {why}")
     Ks = {m: 0 if d is None else args.K if m in ("ngram", "draft", "eagle")
           else getattr(d, "default_K", args.K) for m, d in drafters.items()}
-    prompts = [data.get_encoding().encode_ordinary(t) for t in texts]
+    prompts = [load_tokenizer(args.target).encode_ordinary(t) for t in texts]
     n_verify = max(Ks.values()) + 1
     for i, (t, ids) in enumerate(zip(texts, prompts), 1):
         if len(ids) + args.max_new_tokens + n_verify > target.cfg.max_seq_len:

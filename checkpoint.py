@@ -100,6 +100,13 @@ def load_target(path, device="cpu", dtype=torch.float32):
     return model
 
 
+def load_tokenizer(target_path):
+    """The target's tokenizer: a Hugging Face folder's tokenizer.json, else ours."""
+    if os.path.isdir(target_path):
+        return interop.load_hf_tokenizer(target_path)
+    return data.get_encoding()
+
+
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,
                  mtp_margin=0.0, tree_nodes=32, confidence=0.0):
     """The drafter for a method name (ar: None) from folder/<method>.pt, checked against the target
@@ -200,10 +207,11 @@ def main(argv=None):
     e = sub.add_parser("export", help="SRC in bf16 without optimizer state, as in weights/")
     e.add_argument("src")
     e.add_argument("dst")
-    h = sub.add_parser("hf", help="Qwen3 folder OUT/target and z-lab DFlash folder OUT/dflash")
+    h = sub.add_parser("hf", help="z-lab DFlash folder OUT/dflash and, for a target of ours, "
+                       "its Qwen3 folder OUT/target")
     h.add_argument("out")
     h.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint (default: the committed one)")
+                   help="target checkpoint or Qwen3 folder (default: the committed one)")
     h.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
     args = p.parse_args(argv)
     try:
@@ -215,10 +223,12 @@ def main(argv=None):
         target = load_target(args.target)
         dflash = load_drafter("dflash", target, args.weights or os.path.dirname(args.target)).dflash
         hf, zlab = os.path.join(args.out, "target"), os.path.join(args.out, "dflash")
-        interop.save_hf_target(target, hf)
-        interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
         interop.save_zlab_dflash(dflash, zlab)
-        print(f"wrote {hf} (Qwen3ForCausalLM, tokenizer.json) and {zlab} (DFlashDraftModel)")
+        print(f"wrote {zlab} (DFlashDraftModel)")
+        if not os.path.isdir(args.target):  # a Hugging Face target is one already
+            interop.save_hf_target(target, hf)
+            interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
+            print(f"wrote {hf} (Qwen3ForCausalLM, tokenizer.json)")
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
 

@@ -25,7 +25,7 @@ import torch
 
 import data
 import speculate
-from checkpoint import get_device, load_target, save_checkpoint, weights_hash
+from checkpoint import get_device, load_target, load_tokenizer, save_checkpoint, weights_hash
 from data import DefaultsHelp, check_writable
 from draft_diffusion import DFlash
 from draft_eagle import Eagle
@@ -35,14 +35,18 @@ from train import check_args, load_run, train_loop
 
 @torch.no_grad()
 def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train",
-                       batch=32):
+                       batch=32, enc=None):
     """(N, prompt_len + gen_len) int64: corpus windows continued by the target, the batches
-    cycling through the temperatures, with progress and ETA."""
+    cycling through the temperatures, with progress and ETA. enc: the target's own tokenizer
+    when it is not ours (a Hugging Face folder): windows are re-encoded with it."""
     tokens = data.load_tokens(split)
     g, out, t0 = torch.Generator().manual_seed(seed), [], time.time()
     for i in range(0, n_seqs, batch):
         ix = torch.randint(len(tokens) - prompt_len, (min(batch, n_seqs - i),), generator=g)
         prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix.tolist()]
+        if enc is not None:  # the same text in its tokens: 4x ours is plenty for prompt_len
+            texts = [data.get_encoding().decode(tokens[j:j + 4 * prompt_len].tolist()) for j in ix]
+            prompts = [enc.encode_ordinary(t)[:prompt_len] for t in texts]
         temp = temperatures[(i // batch) % len(temperatures)]
         # a seed per batch: one for all would give every sampled batch the same random stream
         cont, _ = speculate.generate(target, prompts, None, max_new_tokens=gen_len,
@@ -64,8 +68,9 @@ def get_distill_data(target, args, target_hash):
         print(f"distill: reusing {path}")
         d = torch.load(path, weights_only=True)
         return d["train"], d["val"]
+    enc = load_tokenizer(args.target) if os.path.isdir(args.target) else None
     d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
-                                   seed=args.seed + k, split=split)
+                                   seed=args.seed + k, split=split, enc=enc)
          for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
     save_checkpoint(path, d)
     return d["train"], d["val"]

@@ -449,3 +449,22 @@ def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir,
     for e in range(3):  # epochs 0, 1, 2 (steps 0-1, 2-3, 4-5)
         rows = sum(batches[2 * e:2 * e + 2], [])
         assert len(set(rows)) == 8, e
+
+
+def test_a_hugging_face_target_gets_a_drafter_that_exports_to_zlab(target_dir, tmp_path):
+    """Issue 51's path for a real model: train_drafter.py on a Qwen3 folder (its prompts in the
+    folder's tokenizer), checkpoint.py hf exports the drafter alone in z-lab's layout (the target
+    is a Qwen3 folder already), and bench.py decodes with both, losslessly."""
+    import bench
+    import interop
+    hf, out = str(tmp_path / "qwen3"), str(tmp_path / "export")
+    interop.save_hf_target(load_target(str(target_dir / "target.pt")), hf, dtype=torch.float32)
+    interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
+    run(tmp_path, "dflash", "--dflash-layers", "1", target="qwen3")
+    assert os.path.exists(tmp_path / "dflash.pt")  # beside the folder, as beside a .pt
+    checkpoint.main(["hf", out, "--target", hf, "--weights", str(tmp_path)])
+    assert os.listdir(out) == ["dflash"]          # no second copy of the target
+    rows = bench.main(["--target", hf, "--weights", os.path.join(out, "dflash"), "--methods",
+                       "ar,dflash", "--temperatures", "0", "--n-prompts", "1",
+                       "--max-new-tokens", "8", "--threads", "1"])
+    assert [r["lossless"] for r in rows] == [True, True]
