@@ -35,10 +35,17 @@ BYTE_CHARS = {**{b: chr(b) for b in PRINTABLE}, **{b: chr(256 + i) for i, b in e
 # Qwen2's split regex (Qwen3 keeps it): a GPT-4-like pre-tokenizer with single digits
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Config's fields -> their names in a Qwen3 config.json, in the order save_folder writes them
+QWEN3_NAMES = dict(n_embd="hidden_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
+                   n_kv_head="num_key_value_heads", head_dim="head_dim", vocab_size="vocab_size",
+                   mlp_hidden="intermediate_size", max_seq_len="max_position_embeddings",
+                   norm_eps="rms_norm_eps", rope_theta="rope_theta")
 
 
 # folders: config.json and safetensors
 def read_config(folder, architecture):
+    """config.json -> its dict and Config's fields (RoPE: rope_theta, or transformers 5's
+    rope_parameters)."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
@@ -48,7 +55,12 @@ def read_config(folder, architecture):
         raise ValueError(f"{path}: this loads {architecture}, not {c.get('architectures')}")
     if c.get("attention_bias") or c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{path}: attention biases or an activation other than silu")
-    return c
+    rope = c.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
+        raise ValueError(f"RoPE scaling {rope or c.get('rope_scaling')} is not supported")
+    fields = {**c, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+              "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]}
+    return c, {ours: fields[theirs] for ours, theirs in QWEN3_NAMES.items()}
 
 
 def read_weights(folder):
@@ -60,26 +72,11 @@ def read_weights(folder):
     return {k: v for s in shards for k, v in load_file(os.path.join(folder, s)).items()}
 
 
-def qwen3_fields(c):
-    """Config's fields of a Qwen3 config.json (rope_theta or transformers 5's rope_parameters)."""
-    rope = c.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
-        raise ValueError(f"RoPE scaling {rope or c.get('rope_scaling')} is not supported")
-    return dict(vocab_size=c["vocab_size"], n_layer=c["num_hidden_layers"],
-                n_head=c["num_attention_heads"], n_kv_head=c["num_key_value_heads"],
-                n_embd=c["hidden_size"], mlp_hidden=c["intermediate_size"],
-                max_seq_len=c["max_position_embeddings"], norm_eps=c["rms_norm_eps"],
-                rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-                head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-
-
 def save_folder(module, names, cfg, folder, dtype, **extra):
     """config.json (cfg as a Qwen3's, and extra) and model.safetensors under the file's names."""
-    c = dict(hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-             num_key_value_heads=cfg.n_kv_head, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-             intermediate_size=cfg.mlp_hidden, max_position_embeddings=cfg.max_seq_len,
-             rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, hidden_act="silu",
-             attention_bias=False, tie_word_embeddings=cfg.tie_embeddings, model_type="qwen3")
+    c = {theirs: getattr(cfg, ours) for ours, theirs in QWEN3_NAMES.items()}
+    c.update(hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
+             model_type="qwen3")
     os.makedirs(folder, exist_ok=True)
     sd = module.state_dict()
     save_file({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
@@ -112,8 +109,8 @@ def target_names(cfg):
 
 
 def load_hf_target(folder, device="cpu", dtype=torch.float32):
-    c = read_config(folder, "Qwen3ForCausalLM")
-    cfg = Config(**qwen3_fields(c), tie_embeddings=bool(c.get("tie_word_embeddings", False)))
+    c, fields = read_config(folder, "Qwen3ForCausalLM")
+    cfg = Config(**fields, tie_embeddings=bool(c.get("tie_word_embeddings", False)))
     model, sd = Transformer(cfg), read_weights(folder)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)  # some tied checkpoints store it anyway
@@ -214,9 +211,9 @@ def dflash_names(n_layer):
 def load_zlab_dflash(folder, target):
     """A z-lab DFlash folder as our DFlash module for this target. z-lab's target_layer_ids
     index transformers' hidden_states[id + 1], the output of 0-based layer id: our layer id + 1."""
-    c = read_config(folder, "DFlashDraftModel")
+    c, fields = read_config(folder, "DFlashDraftModel")
     tc, dc, L = target.cfg, c.get("dflash_config") or {}, target.cfg.n_layer
-    layer_cfg = Config(**{**qwen3_fields(c), "vocab_size": tc.vocab_size})
+    layer_cfg = Config(**{**fields, "vocab_size": tc.vocab_size})
     ids = dc.get("target_layer_ids")
     if not ids or not all(0 <= i < L for i in ids):
         raise ValueError(f"{folder}: target_layer_ids {ids} do not fit a target of {L} layers")

@@ -55,11 +55,6 @@ PRESETS = {
 }
 
 
-def rms_norm(x, weight, eps):
-    # weight in x's dtype: under bf16 autocast a float32 weight would miss the fused kernel
-    return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
         super().__init__()
@@ -67,14 +62,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
+        # weight in x's dtype: under bf16 autocast a float32 weight would miss the fused kernel
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 def rope_table(cfg, device=None):
     """cos, sin of shape (max_seq_len, D/2) for rotary embeddings."""
-    D = cfg.head_dim
-    i = torch.arange(0, D, 2, dtype=torch.float32, device=device)
-    inv_freq = 1.0 / (cfg.rope_theta ** (i / D))
+    i = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device)
+    inv_freq = 1.0 / (cfg.rope_theta ** (i / cfg.head_dim))
     t = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)  # (T_max, D/2)
     return freqs.cos(), freqs.sin()

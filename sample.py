@@ -11,9 +11,8 @@ import os
 import time
 
 import data
-import interop
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
-                        load_target)
+                        load_target, load_tokenizer)
 from model import generate as naive_generate
 from speculate import generate
 
@@ -38,8 +37,7 @@ def main(argv=None):
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         options = drafter_options(args, p, [args.method])
-        hf = os.path.isdir(args.target)  # a Hugging Face folder brings its own tokenizer
-        enc = interop.load_hf_tokenizer(args.target) if hf else data.get_encoding()
+        enc = load_tokenizer(args.target)  # a Hugging Face folder brings its own
         prompt = enc.encode_ordinary(args.prompt)
         target = load_target(args.target, device=get_device(args.device))
         drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.target),

@@ -39,6 +39,7 @@ for), params().
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 import dflash_kernels as kernels
@@ -86,16 +87,15 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     #   one-hot at the draft, so the residual is p with the draft removed; an empty slot has
     #   q = 0 there, so the token comes from p itself, as in plain decoding
     #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
-    p_n = p.gather(1, n_acc[:, None, None].expand(B, 1, V))[:, 0]   # (B, V)
-    q_n = torch.zeros_like(p_n)                                  # no q beyond the drafts
-    if K > 0:
-        i = n_acc.clamp(max=K - 1)  # keeps the gather in range; the where below zeroes n_acc = K
-        if q is None:
-            q_n.scatter_(1, d.gather(1, i[:, None]), 1.0)
-        else:
-            q_n = q.float().gather(1, i[:, None, None].expand(B, 1, V))[:, 0]
-        rejected = (n_acc < K) & has.gather(1, i[:, None])[:, 0]
-        q_n = torch.where(rejected[:, None], q_n, torch.zeros_like(q_n))
+    # padded with a slot for the bonus position, which has no draft (NO_DRAFT) and q = 0
+    at_n = n_acc[:, None, None].expand(B, 1, V)
+    p_n = p.gather(1, at_n)[:, 0]                                # (B, V)
+    d_n = F.pad(drafts, (0, 1), value=NO_DRAFT).gather(1, n_acc[:, None])   # (B, 1)
+    if q is None:
+        q_n = torch.zeros_like(p_n).scatter_(1, d_n.clamp(min=0), 1.0)
+    else:
+        q_n = F.pad(q.float(), (0, 0, 0, 1)).gather(1, at_n)[:, 0]       # (B, V)
+    q_n = torch.where(d_n >= 0, q_n, 0.0)                        # no draft there: q = 0
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
     # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
@@ -124,9 +124,8 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
 def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperature=0.0,
                  seed=None):
-    """The whole loop for one prompt (list of ids) -> its new tokens. generate below is this
-    with ragged rows, continuous batching, checks and statistics, and the tests hold the two
-    equal token for token, greedy and sampled (same seed, same random draws)."""
+    """The whole loop for one prompt (list of ids) -> its new tokens. The tests hold it equal to
+    generate below token for token, greedy and sampled (same seed, same random draws)."""
     device, layers = target.head.weight.device, tuple(getattr(drafter, "hidden_layers", ()))
     K = min(K, getattr(drafter, "max_K", K)) if drafter else 0
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
@@ -168,9 +167,10 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
 # -----------------------------------------------------------------------------
 # the loop: a batch of ragged rows, continuous batching, checks and statistics
 
-def _sync(device):
+def _clock(device):  # seconds, once the device has run what was queued (a host sync)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 @torch.no_grad()
@@ -181,8 +181,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     plain decoding through the same cache: the baseline. batch_size rows decode at once
     (default: all prompts); with fewer rows than prompts, a row whose prompt is done takes the
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
-    tree: a tree.DraftTree, to verify a tree of a DFlash drafter's candidates instead of a chain
-    (default: the drafter's own .tree, which load_drafter("dflash-tree") gives it, else none).
+    tree: a tree.DraftTree to verify a tree of DFlash's candidates instead of a chain (default:
+    the drafter's .tree, which load_drafter("dflash-tree") sets, else none).
     Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
     and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
@@ -202,6 +202,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                          f"{target.cfg.max_seq_len}")
     g = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     sampling = temperature > 0
+    stop = -1 if stop_token is None else stop_token  # -1: no committed token ever equals it
     feats = lambda hidden: torch.cat(hidden, -1) if hidden else None
 
     def pick(logits):  # one token per row from (B, V) logits, as plain decoding would
@@ -213,39 +214,28 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     for b, pr in enumerate(prompts[:B]):
         tokens[b, :len(pr)] = pr
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) prompt lengths
-    n = lens.clone()
+    n, rows = lens.clone(), torch.arange(B, device=device)
     cache = target.new_cache(B, max_len=T_max)
     # the prompt pass counts as a pass that yields one token (so plain decoding's tau is 1);
     # verify_s also holds the drafter's prefill/update work, draft_s only its proposing;
     # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
-    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0,
-                 row_passes=[1] * B + [0] * (len(prompts) - B),
+    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * len(prompts),
                  accepted_per_position=[0] * K, attempts_per_position=[0] * K)
 
     # prefill: the whole (right-padded) prompt, then each row rolls back to its own length
-    _sync(device); t0 = time.perf_counter()
-    width = max(len(pr) for pr in prompts[:B])
-    logits, hidden = target(tokens[:, :width], cache, hidden_layers=layers)
+    t0 = _clock(device)
+    logits, hidden = target(tokens[:, :int(lens.max())], cache, hidden_layers=layers)
     cache.rollback(n)
-    first = pick(logits[torch.arange(B), n - 1])
-    tokens[torch.arange(B), n] = first
+    first = pick(logits[rows, n - 1])
+    tokens[rows, n] = first
     n = n + 1
-    done = n - lens >= max_new_tokens
-    if stop_token is not None:
-        done |= first == stop_token
+    done = (n - lens >= max_new_tokens) | (first == stop)
     if drafter is not None:
         drafter.prefill(tokens, n, feats(hidden))
-    _sync(device); stats["verify_s"] += time.perf_counter() - t0
-    rows = torch.arange(B, device=device)
+    stats["verify_s"] += _clock(device) - t0
 
     # continuous batching: a finished row hands its tokens over and takes the next prompt
     outputs, slot, taken, next_prompt = [None] * len(prompts), list(range(B)), [False] * B, B
-
-    def take(b):  # row b's prompt is done: keep its new tokens (cut at the stop token)
-        out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
-        if stop_token is not None and stop_token in out:
-            out = out[:out.index(stop_token) + 1]
-        outputs[slot[b]], taken[b] = out, True
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
         t0, pr = time.perf_counter(), prompts[i]
@@ -255,19 +245,20 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         nxt = pick(logits[:, -1])
         tokens[b, len(pr)] = nxt[0]
         lens[b], n[b], slot[b], taken[b] = len(pr), len(pr) + 1, i, False
-        done[b] = max_new_tokens == 1 or (stop_token is not None and bool(nxt[0] == stop_token))
+        done[b] = max_new_tokens == 1 or bool(nxt[0] == stop)
         if drafter is not None:
             drafter.refill(b, tokens, n, feats(hidden))
-        _sync(device); stats["verify_s"] += time.perf_counter() - t0  # a prefill, timed as one
+        stats["verify_s"] += _clock(device) - t0  # a prefill, timed as one
         stats["verify_passes"] += 1
-        stats["row_passes"][i] = 1
         return bool(done[b])
 
-    def retire():
+    def retire():  # keep each finished row's new tokens (cut after the stop token), refill it
         nonlocal next_prompt
         for b, d in enumerate(done.tolist()):
             while d and not taken[b]:
-                take(b)
+                out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
+                outputs[slot[b]] = out[:out.index(stop) + 1] if stop in out else out
+                taken[b] = True
                 if next_prompt < len(prompts):
                     d = start(b, next_prompt)
                     next_prompt += 1
@@ -278,7 +269,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         t0 = time.perf_counter()
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
-            nodes = tree.draft(drafter, tokens, n, temperature, top_k, g)
+            nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k,
                                         generator=g)
@@ -290,7 +281,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 drafts = torch.where(done[:, None], NO_DRAFT, drafts)
                 width = int((drafts >= 0).any(0).sum())
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
-        _sync(device); t1 = time.perf_counter()
+        t1 = _clock(device)
         if tree is not None:  # 2-4 for a tree; its accepted path is committed as a chain's is
             drafts, n_acc, nxt, hidden = tree.verify(target, cache, tokens, n, nodes, layers,
                                                      temperature, top_k, g)
@@ -309,9 +300,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         Kd = drafts.shape[1]  # K' <= K
         # finished rows commit nothing; no row commits past its budget (a finished row keeps
         # riding along, so its n must stay within the T_max buffers)
-        n_acc = torch.where(done, torch.zeros_like(n_acc), n_acc)
-        n_new = torch.where(done, torch.zeros_like(n_acc), n_acc + 1)
-        n_new = torch.minimum(n_new, max_new_tokens - (n - lens))
+        n_acc = torch.where(done, 0, n_acc)
+        n_new = torch.minimum(torch.where(done, 0, n_acc + 1), max_new_tokens - (n - lens))
         # commit d_1..d_{n_acc} and then the emitted token, per row: new is [d_1..d_{n_acc},
         # emitted, ...], keep admits its first n_new slots, other columns keep their value
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K'+1)
@@ -324,9 +314,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         cache.rollback(n - 1)
         if drafter is not None:
             drafter.update(tokens, n, feats(hidden), n_new)
-        _sync(device); t2 = time.perf_counter()
         stats["draft_s"] += t1 - t0
-        stats["verify_s"] += t2 - t1
+        stats["verify_s"] += _clock(device) - t1
         stats["verify_passes"] += 1
         # per-position acceptance over the active rows that drafted there, and whether a
         # draft was past the vocabulary (greedy never accepts one): one transfer to the host
@@ -342,9 +331,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             stats["attempts_per_position"][i] += host[B + i]
             stats["accepted_per_position"][i] += host[B + Kd + i]
         # rows finish on their token budget or on the stop token (among what they committed)
-        if stop_token is not None:
-            done |= (keep & (new == stop_token)).any(1)
-        done |= n - lens >= max_new_tokens
+        done |= (n - lens >= max_new_tokens) | (keep & (new == stop)).any(1)
         retire()
 
     stats["tokens_per_row"] = [len(o) for o in outputs]

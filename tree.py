@@ -78,12 +78,13 @@ class DraftTree:
         self.N, self.max_children = N, max_children
 
     @torch.no_grad()
-    def draft(self, drafter, tokens, n, temperature, top_k, g):
-        """One DFlash pass -> node tokens, parents and depths (B, N) each, and q (B, S-1, V).
+    def draft(self, drafter, tokens, n, K, temperature, top_k, g):
+        """One DFlash pass over a block of K+1 -> node tokens, parents and depths (B, N) each
+        (depth <= K), and q (B, K, V).
         Greedy: each slot's likeliest tokens. Sampling: a draw without replacement from each
         slot's q, in the order drawn (Gumbel top-k: the top k of log q + Gumbel noise), which
         the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
-        logits = drafter.block_logits(tokens, n, drafter.max_K + 1)[:, 1:]   # (B, S-1, V)
+        logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
         q = logits_to_probs(logits, max(temperature, 1.0) if temperature == 0 else temperature,
                             top_k)
         score = q.clamp_min(1e-30).log()
@@ -104,51 +105,44 @@ class DraftTree:
         dev, rows = tokens.device, torch.arange(tokens.shape[0], device=tokens.device)
         par = torch.cat([par.new_zeros(B, 1), par], 1)                  # (B, N+1), root first
         dep = torch.cat([dep.new_zeros(B, 1), dep], 1)
-        anc = torch.zeros(B, N + 1, N + 1, dtype=torch.bool, device=dev)   # ancestor-or-self
-        anc[:, 0, 0] = True
+        anc = torch.eye(N + 1, dtype=torch.bool, device=dev).repeat(B, 1, 1)  # ancestor-or-self
         for t in range(1, N + 1):  # a parent comes before its children
-            anc[:, t] = anc[rows, par[:, t]]
-            anc[:, t, t] = True
+            anc[:, t] |= anc[rows, par[:, t]]
         L = cache.lengths.clone()                                       # (B,) = n - 1
         j = torch.arange(int(L.max()) + N + 1, device=dev)              # every key slot read
         u = j[None] - L[:, None]                                        # (B, keys): tree node
-        see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1)) & (u >= 0)[:, None]
-        mask = (see | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys): the cache and ancestors
+        see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
+        # NOTE: slots past a shorter row's tree (u > N) hold stale entries: nobody sees them
+        mask = ((see & (u <= N)[:, None]) | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys)
         x = torch.cat([tokens[rows, n - 1][:, None], tok], 1)           # (B, N+1)
         logits, hidden = target(x, cache, hidden_layers=layers, tree=(L[:, None] + dep, mask))
         sampling = temperature > 0
         p = logits_to_probs(logits, temperature, top_k) if sampling else logits.argmax(-1)
         tok_l, par_l = tok.tolist(), par.tolist()
-        paths, nxt = [], []
+        paths, nxt = [], []       # per row: [root, the accepted nodes...], the emitted token
         for b in range(B):
-            cur, path = 0, []
-            while True:
+            path, cur = [], 0     # cur: the node the walk stands at, from the root (0) down
+            while cur is not None:
+                path.append(cur)
                 kids = [(tok_l[b][i - 1], i) for i in range(1, N + 1) if par_l[b][i] == cur]
                 if sampling:
                     d = min(int(dep[b, cur]), q.shape[1] - 1)  # a leaf: no kids, q unread
-                    child, t = sample_node(p[b, cur], q[b, d], kids, g)
+                    cur, t = sample_node(p[b, cur], q[b, d], kids, g)
                 else:              # the child equal to the target's argmax, if any
                     t = int(p[b, cur])
-                    child = next((i for c, i in kids if c == t), None)
-                if child is None:
-                    nxt.append(t)
-                    break
-                path.append(child)
-                cur = child
+                    cur = next((i for c, i in kids if c == t), None)
             paths.append(path)
-        # compaction: the path's entries (written at slots L + node) move to L + 1, L + 2, ...
-        for b, path in enumerate(paths):
-            if path:
-                src = L[b] + torch.tensor(path, device=dev)
-                dst = L[b] + 1 + torch.arange(len(path), device=dev)
-                cache.k[:, b, :, dst] = cache.k[:, b, :, src]
-                cache.v[:, b, :, dst] = cache.v[:, b, :, src]
-        n_acc = torch.tensor([len(pa) for pa in paths], device=dev)
+            nxt.append(t)
+        n_acc = torch.tensor([len(pa) - 1 for pa in paths], device=dev)
         depth = dep.max(1).values                                       # (B,) each tree's depth
         D = int(depth.max())
         idx = torch.zeros(B, D + 1, dtype=torch.long, device=dev)       # [root, path], padded
         for b, path in enumerate(paths):
-            idx[b, 1:len(path) + 1] = torch.tensor(path, dtype=torch.long, device=dev)
+            idx[b, :len(path)] = torch.tensor(path, device=dev)
+            # compaction: the path's entries (written at slots L + node) move to L + 1, L + 2, ...
+            src, dst = L[b] + idx[b, 1:len(path)], L[b] + torch.arange(1, len(path), device=dev)
+            cache.k[:, b, :, dst] = cache.k[:, b, :, src]
+            cache.v[:, b, :, dst] = cache.v[:, b, :, src]
         # as the chain loop takes them: the path's tokens, then 0 where the tree had a node it
         # did not accept (counted as drafted), NO_DRAFT (-1) past the tree's depth
         i = torch.arange(D, device=dev)

@@ -115,6 +115,30 @@ def test_compaction_leaves_the_cache_as_if_the_path_was_fed(monkeypatch):
     assert CheckingDrafter.checks > 0
 
 
+def test_each_node_sees_the_cache_and_its_ancestors_only(monkeypatch):
+    """The mask of a tree pass over ragged rows, against its definition: node i of row b sees
+    key slot j iff j < L_b (the row's cache) or j = L_b + a for a node a on i's path. Slots past
+    a shorter row's tree hold stale entries (a shorter row's last node once saw them)."""
+    target, masks = tiny_model(0), []
+    forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda *a, **k: masks.append(k.get("tree")) or
+                        forward(*a, **k))
+    speculate.generate(target, PROMPTS, random_drafter(target), max_new_tokens=12,
+                       tree=tree.DraftTree(5))
+    passes = [t for t in masks if t is not None]
+    assert passes
+    for pos, mask in passes:                       # pos (B, N+1), mask (B, 1, N+1, keys)
+        for b in range(pos.shape[0]):
+            L, dep = int(pos[b, 0]), pos[b] - pos[b, 0]
+            for i in range(pos.shape[1]):
+                seen = mask[b, 0, i].nonzero()[:, 0].tolist()
+                path = [j - L for j in seen if j >= L]
+                assert seen[:L] == list(range(L)) and path[0] == 0 and i in path
+                assert max(path) < pos.shape[1]              # nothing past its tree
+                # a node on i's path (the root first) stands at each depth once, i deepest
+                assert sorted(int(dep[a]) for a in path) == list(range(int(dep[i]) + 1))
+
+
 def tree_tv(drafter_tree, seed=0):
     target = sampling_target()
     exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
@@ -156,3 +180,14 @@ def test_dflash_tree_is_a_method_of_bench_and_sample(capsys):
     assert "dflash-tree 15 (block 16, tree of 12 nodes)" in capsys.readouterr().out
     sample.main(["--method", "dflash-tree", "--tree", "8", "--max-new-tokens", "24", "--check"])
     assert "identical to model.generate: True" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("T", [0.0, 1.0])
+def test_K_caps_the_trees_depth(T):
+    """K drafts per step is the tree's depth bound (a block of K+1), as the chain's length."""
+    target = tiny_model(0)
+    outs, st = speculate.generate(target, PROMPTS, random_drafter(target), max_new_tokens=12, K=2,
+                                  temperature=T, seed=0, tree=tree.DraftTree(8))
+    assert len(st["attempts_per_position"]) == 2 and st["tau"] <= 3
+    if T == 0:
+        assert outs == [naive_generate(target, p, 12) for p in PROMPTS]
