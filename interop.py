@@ -1,5 +1,5 @@
 """
-Real formats in and out (DESIGN.md sec. 10): a Hugging Face Qwen3 checkpoint and its tokenizer
+Real formats in and out (DESIGN.md sec. 1): a Hugging Face Qwen3 checkpoint and its tokenizer
 load into model.py's Transformer and a tiktoken encoding, and a DFlash drafter moves in z-lab's
 folder layout, the one vLLM (`"method": "dflash"`) and SGLang (`DFLASH`) load. Our target is a
 Qwen3 already, so this file is names, shapes and files, no math. checkpoint.load_target takes a

@@ -50,74 +50,6 @@ NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never acc
 
 
 # -----------------------------------------------------------------------------
-# the acceptance rule
-
-def accept_scan_ref(p, drafts, q=None, uniforms=None):
-    """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
-
-    p        (B, K+1, V)  target: raw logits when greedy (uniforms is None), else the warped
-                          probabilities (the warp plain decoding samples from)
-    drafts   (B, K)       draft tokens d_1..d_K; a negative one (NO_DRAFT) is an empty slot:
-                          rejected, and the emitted token there comes from p alone
-    q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
-                          argmax picks
-    uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
-                          emitted token by inverse CDF; None means greedy
-    returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
-    """
-    B, K1, V = p.shape
-    K = K1 - 1
-    if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
-        best = p.argmax(-1)                                      # (B, K+1)
-        ok = drafts == best[:, :K]                               # (B, K); never at NO_DRAFT
-        n_acc = torch.cumprod(ok.long(), dim=1).sum(1)           # length of the accepted prefix
-        # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
-        return n_acc, best.gather(1, n_acc[:, None])[:, 0]
-    p = p.float()
-    has = drafts >= 0                                            # (B, K): not an empty slot
-    d = drafts.clamp(min=0)                                      # in range for the gathers
-    p_d = p[:, :K].gather(2, d[:, :, None])[..., 0]              # p_i(d_i)       (B, K)
-    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, d[:, :, None])[..., 0]
-    # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
-    ok = (uniforms[:, :K] * q_d < p_d) & has                     # (B, K)
-    n_acc = torch.cumprod(ok.long(), dim=1).sum(1)               # (B,)
-    # the distribution the emitted token comes from (0-based: p[:, n_acc] is the target's at
-    # the first rejected draft, or at the bonus position if n_acc = K):
-    #   rejected (n_acc < K): residual norm(max(0, p - q)) there; with argmax drafts q is
-    #   one-hot at the draft, so the residual is p with the draft removed; an empty slot has
-    #   q = 0 there, so the token comes from p itself, as in plain decoding
-    #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
-    # padded with a slot for the bonus position, which has no draft (NO_DRAFT) and q = 0
-    at_n = n_acc[:, None, None].expand(B, 1, V)
-    p_n = p.gather(1, at_n)[:, 0]                                # (B, V)
-    d_n = F.pad(drafts, (0, 1), value=NO_DRAFT).gather(1, n_acc[:, None])   # (B, 1)
-    if q is None:
-        q_n = torch.zeros_like(p_n).scatter_(1, d_n.clamp(min=0), 1.0)
-    else:
-        q_n = F.pad(q.float(), (0, 0, 0, 1)).gather(1, at_n)[:, 0]       # (B, V)
-    q_n = torch.where(d_n >= 0, q_n, 0.0)                        # no draft there: q = 0
-    r = (p_n - q_n).clamp(min=0)
-    # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
-    # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
-    total = r.sum(-1, keepdim=True)
-    r = torch.where(total > 0, r, p_n)
-    # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
-    # never be that index, because their running sum equals the previous one)
-    cdf = r.cumsum(-1)
-    u = uniforms[:, K:K1] * cdf[:, -1:]
-    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
-    return n_acc, nxt
-
-
-def accept_scan(p, drafts, q=None, uniforms=None):
-    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device
-    (a GPU), else the reference above. Same arguments, same results."""
-    if kernels.available(p.device):
-        return kernels.accept_scan(p, drafts, q, uniforms)
-    return accept_scan_ref(p, drafts, q, uniforms)
-
-
-# -----------------------------------------------------------------------------
 # the simplest version: one prompt, no checks, no statistics
 
 @torch.no_grad()
@@ -162,6 +94,75 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
         if drafter:
             drafter.update(tokens, n, torch.cat(hidden, -1) if hidden else None, n_acc + 1)
     return tokens[0, P:P + max_new_tokens].tolist()
+
+
+# -----------------------------------------------------------------------------
+# the acceptance rule
+
+def accept_scan_ref(p, drafts, q=None, uniforms=None):
+    """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
+
+    p        (B, K+1, V)  target: raw logits when greedy (uniforms is None), else the warped
+                          probabilities (the warp plain decoding samples from)
+    drafts   (B, K)       draft tokens d_1..d_K; a negative one (NO_DRAFT) is an empty slot:
+                          rejected, and the emitted token there comes from p alone
+    q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
+                          argmax picks
+    uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
+                          emitted token by inverse CDF; None means greedy
+    returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
+    """
+    B, K1, V = p.shape
+    K = K1 - 1
+    if uniforms is None:  # greedy: p is one-hot at its argmax, so accept while d_i == argmax p_i
+        best = p.argmax(-1)                                      # (B, K+1)
+        ok = drafts == best[:, :K]                               # (B, K); never at NO_DRAFT
+        n_acc = torch.cumprod(ok.long(), dim=1).sum(1)           # length of the accepted prefix
+        # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
+        return n_acc, best.gather(1, n_acc[:, None])[:, 0]
+    p = p.float()
+    has = drafts >= 0                                            # (B, K): not an empty slot
+    d = drafts.clamp(min=0)                                      # in range for the gathers
+    p_d = p[:, :K].gather(2, d[:, :, None])[..., 0]              # p_i(d_i)       (B, K)
+    q_d = torch.ones_like(p_d) if q is None else q.float().gather(2, d[:, :, None])[..., 0]
+    # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
+    ok = (uniforms[:, :K] * q_d < p_d) & has                     # (B, K)
+    n_acc = torch.cumprod(ok.long(), dim=1).sum(1)               # (B,)
+    # the distribution the emitted token comes from (0-based: p[:, n_acc] is the target's at
+    # the first rejected draft, or at the bonus position if n_acc = K):
+    #   rejected (n_acc < K): residual norm(max(0, p - q)) there; with argmax drafts q is
+    #   one-hot at the draft, so the residual is p with the draft removed; an empty slot has
+    #   q = 0 there, so the token comes from p itself, as in plain decoding
+    #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
+    # one gather serves both cases: drafts and q get one more slot, at the bonus position,
+    # with no draft (NO_DRAFT) and q = 0 there, so at n_acc = K the residual is p_{K+1}
+    at_n = n_acc[:, None, None].expand(B, 1, V)
+    p_n = p.gather(1, at_n)[:, 0]                                # (B, V)
+    d_n = F.pad(drafts, (0, 1), value=NO_DRAFT).gather(1, n_acc[:, None])   # (B, 1)
+    if q is None:
+        q_n = torch.zeros_like(p_n).scatter_(1, d_n.clamp(min=0), 1.0)
+    else:
+        q_n = F.pad(q.float(), (0, 0, 0, 1)).gather(1, at_n)[:, 0]       # (B, V)
+    q_n = torch.where(d_n >= 0, q_n, 0.0)                        # no draft there: q = 0
+    r = (p_n - q_n).clamp(min=0)
+    # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
+    # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
+    total = r.sum(-1, keepdim=True)
+    r = torch.where(total > 0, r, p_n)
+    # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
+    # never be that index, because their running sum equals the previous one)
+    cdf = r.cumsum(-1)
+    u = uniforms[:, K:K1] * cdf[:, -1:]
+    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
+    return n_acc, nxt
+
+
+def accept_scan(p, drafts, q=None, uniforms=None):
+    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device
+    (a GPU), else the reference above. Same arguments, same results."""
+    if kernels.available(p.device):
+        return kernels.accept_scan(p, drafts, q, uniforms)
+    return accept_scan_ref(p, drafts, q, uniforms)
 
 
 # -----------------------------------------------------------------------------

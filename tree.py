@@ -1,13 +1,13 @@
 """
-Tree verification for DFlash (DDTree, arXiv 2604.12989; DESIGN.md sec. 5b): a step up from the
+Tree verification for DFlash (DDTree, arXiv 2604.12989; DESIGN.md sec. 5): a step up from the
 chain of speculate.py, which keeps one token per slot of DFlash's block and throws the rest of
 each slot's distribution away.
 
 One DFlash pass gives a distribution q_d over the token at every depth d = 1..S-1 of the block.
-build_tree grows a tree of N candidate continuations from them, best-first by the product of q
+build_tree grows a tree of N nodes (the node budget) from them, best-first by the product of q
 along the path; the target verifies all N nodes in ONE pass, node t at position L + depth(t)
-attending to the committed cache and to its own ancestors only. Then, per row, from the root
-(the pending token x_{N-1}) down:
+(L: the row's cache length) attending to the committed cache and to its own ancestors only.
+Then, per row, from the root (the pending token, the last committed one) down:
   greedy    follow the child whose token is the target's argmax; emit the argmax where none is
   sampling  the children c_1..c_m of a node were drawn from their slot's q without replacement;
             recursive rejection sampling (SpecTr, SpecInfer; Jeon et al. 2024): r = p, then for
@@ -85,8 +85,7 @@ class DraftTree:
         slot's q, in the order drawn (Gumbel top-k: the top k of log q + Gumbel noise), which
         the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
         logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
-        q = logits_to_probs(logits, max(temperature, 1.0) if temperature == 0 else temperature,
-                            top_k)
+        q = logits_to_probs(logits, temperature or 1.0, top_k)  # greedy ranks by q at T = 1
         score = q.clamp_min(1e-30).log()
         if temperature > 0:
             u = torch.rand(score.shape, device=score.device, generator=g).clamp(1e-20, 1 - 1e-7)

@@ -1,5 +1,5 @@
 // kv_inject: write the new context K/V of ALL drafter layers into the DFlash drafter's cache at
-// per-row offsets, K rotated by RoPE, in one launch (DESIGN.md sec. 6; the reference is
+// per-row offsets, K rotated by RoPE, in one launch (DESIGN.md sec. 7; the reference is
 // draft_diffusion.kv_inject_ref). For every l, b, h and t < counts[b], with pos = offsets[b] + t:
 //   cache_k[l, b, h, pos, :] = rope(new_k[l, b, t, h, :], pos)   (rotate-half, model.apply_rope)
 //   cache_v[l, b, h, pos, :] = new_v[l, b, t, h, :]              and nothing else changes
