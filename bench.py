@@ -8,7 +8,9 @@ another target's is skipped with the command that trains it.
     python bench.py --methods ar,ngram,dflash --temperatures 0 --json out/bench.json
     python dev/plot.py out/bench.json docs/bench_cpu.svg       # that JSON as an SVG chart
     python bench.py --target out/cpu/target.pt      # your own target, its drafters beside it
-    python bench.py --prompts my.jsonl --batch-sizes 1,4,16   # your prompts, a batch sweep
+    python bench.py --prompts my.jsonl --batch-size 4 --continuous  # your prompts, batched
+
+One batch size per run: dev/sweep.py sweeps it (--option batch_size=1,4,16), or a drafter option.
 """
 
 import argparse
@@ -114,9 +116,12 @@ def lossless(target, prompts, outs, ar_outs, T):
 
 
 def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
-    """Every method at every temperature, --repeats times in rounds (a drift in speed hits all
-    alike), its median run against ar's there -> the table's and JSON's rows."""
+    """An untimed warm-up, then every method at every temperature, --repeats times in rounds (a
+    drift in speed hits all alike), its median run against ar's there -> the table's rows."""
     runs = {(m, T): [] for m in drafters for T in temps}
+    for m, T in runs:  # warm-up: first-call allocations at this batch size, lazy CUDA init
+        generate(target, prompts[:batch_size], drafters[m], max_new_tokens=4, temperature=T,
+                 seed=0, K=max(Ks[m], 1))
     for r in range(args.repeats):
         for (m, T), rs in runs.items():
             rs.append(run(target, drafters[m], prompts, Ks[m], T, args, batch_size))
@@ -165,8 +170,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
                   f"flatter every drafter there; trust {trust}")
 
 
-def print_table(results, sweep, sizes, T0, n_prompts):
-    """The table, the acceptance chart and the batch sweep (after the card)."""
+def print_table(results, n_prompts):
+    """The table, then the acceptance chart (after the card)."""
     print(f"\n{'method':12s}{'T':>5s}{'K':>4s}{'tau':>7s}{'s.e.':>6s}{'tok/s':>9s}{'speedup':>9s}"
           f"{'predicted':>11s}  {'lossless':18s}{'params':>9s}")
     for r in results:
@@ -187,13 +192,6 @@ def print_table(results, sweep, sizes, T0, n_prompts):
             bars = "".join(" ▁▂▃▄▅▆▇█"[round(x * 8)] * 2 for x in a)
             print(f"  {r['method']:11s} T={r['temperature']:<4g} |{bars}| alpha_1 {a[0]:.2f} ... "
                   f"alpha_{len(a)} {a[-1]:.2f}, E = 1 + sum = {1 + sum(a):.2f}")
-    if sweep:
-        print(f"\nbatch sweep at T={T0:g} (tokens/s, speedup vs ar at the same batch size"
-              + (", * = output differs from ar's)" if T0 == 0 else ")"))
-        for bs in sizes:
-            print(f"  batch {bs:3d}: " + " | ".join(
-                f"{s['method']} {s['tokens_per_s']:.0f} tok/s {s['speedup']:.2f}x"
-                + ("*" if s["lossless"] is False else "") for s in sweep if s["batch_size"] == bs))
 
 
 def get_parser():
@@ -204,9 +202,8 @@ def get_parser():
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="rows decoded at once")
     g.add_argument("--continuous", action="store_true", help="a finished row takes the next prompt")
-    g.add_argument("--batch-sizes", help="extra sweep over batch sizes, e.g. 1,4,16 (first T only)")
     g.add_argument("--K", type=int, default=7, help="drafts per step of ngram, draft and eagle")
-    add_drafter_flags(g)  # --block-size, --dflash-argmax, --mtp-draft, --mtp-margin
+    add_drafter_flags(g)  # --block-size, --dflash-argmax, --tree, --mtp-draft, --confidence
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method")
     g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median counts")
     g.add_argument("--prompts", help="a file: JSON lines with a \"prompt\", or blank-line blocks")
@@ -223,22 +220,20 @@ def get_parser():
 
 
 def check_args(args):
-    """Before any work -> temperatures, sweep's batch sizes, methods (ar first), drafter options."""
+    """Before any work -> temperatures, methods (ar first), drafter options."""
     try:
         temps = [*dict.fromkeys(map(float, args.temperatures.split(",")))]
-        sizes = [*dict.fromkeys(map(int, args.batch_sizes.split(",")))] if args.batch_sizes else []
     except ValueError as e:
-        die(f"--temperatures / --batch-sizes must be comma lists of numbers ({e})")
+        die(f"--temperatures must be a comma list of numbers ({e})")
     if not all(t >= 0 for t in temps):  # NaN too
         die(f"--temperatures must be >= 0, got {args.temperatures}")
     a = args
     for flag, value, low in [
             ("--batch-size", a.batch_size, 1), ("--repeats", a.repeats, 1), ("--K", a.K, 1),
             ("--block-size", a.block_size, 2), ("--max-new-tokens", a.max_new_tokens, 1),
-            ("--n-prompts", a.n_prompts, 1), ("--batch-sizes", min(sizes, default=1), 1),
-            ("--mtp-draft", a.mtp_draft, 1), ("--mtp-margin", a.mtp_margin, 0),
+            ("--n-prompts", a.n_prompts, 1), ("--mtp-draft", a.mtp_draft, 1),
             ("--threads", a.threads, 0)]:
-        if value is not None and not value >= low:  # None: unset, the drafter's own; NaN fails
+        if value is not None and value < low:  # None: unset, the drafter's own
             die(f"{flag} must be >= {low}, got {value}")
     if args.weights and os.path.isfile(args.weights):
         die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
@@ -249,18 +244,18 @@ def check_args(args):
     if unknown := [m for m in methods if m not in METHODS]:
         die(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     opts = checked(drafter_options, args, get_parser(), methods)
-    return temps, sizes, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], opts
+    return temps, ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"], opts
 
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
     args.weights = args.weights or os.path.dirname(args.target) or "."
-    temps, sizes, methods, opts = check_args(args)
+    temps, methods, opts = check_args(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     source = args.prompts or "held-out prompts (weights/heldout_prompts.jsonl)"
     texts = (checked(data.read_prompts_file, args.prompts) if args.prompts
              else checked(data.reference_prompts, args.n_prompts))
-    if (rows := max([args.batch_size, *sizes])) > len(texts):  # else a batch that never ran
+    if (rows := args.batch_size) > len(texts):  # else a batch that never ran
         die(f"a batch of {rows} rows needs at least {rows} prompts, and there are {len(texts)}"
             + (f" in {args.prompts}" if args.prompts else " (see --n-prompts)"))
     device, dtype = checked(get_device, args.device), getattr(torch, args.dtype)
@@ -300,24 +295,18 @@ def main(argv=None):
             die(f"prompt {i} of {source} ({t[:40]!r}...): {len(ids)} tokens + {args.max_new_tokens}"
                 f" new + {n_verify} verify positions exceed the context ({target.cfg.max_seq_len})")
     try:
-        for m, d in drafters.items():
-            for T in temps:  # warm-up, untimed: first-call allocations, lazy CUDA init
-                generate(target, prompts[:args.batch_size], d, max_new_tokens=4, temperature=T,
-                         seed=0, K=max(Ks[m], 1))
         results = bench_rows(target, drafters, Ks, prompts, temps, args.batch_size, args)
-        sweep = [dict(r, batch_size=bs) for bs in sizes  # at the first temperature only
-                 for r in bench_rows(target, drafters, Ks, prompts, temps[:1], bs, args)]
     except ValueError as e:  # generate's own checks
         die(str(e))
     preset = (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")  # trained as
     tinfo = dict(path=args.target, preset=preset, params=target.n_params())
     print_card(args, device, tinfo, drafters, Ks, source, len(prompts),
                {r["temperature"]: r["repeat8"] for r in results if r["method"] == "ar"})
-    print_table(results, sweep, sizes, temps[0], len(prompts))
+    print_table(results, len(prompts))
     if args.json:
         report = dict(config=vars(args), machine=dict(device=str(device), torch=torch.__version__,
                                                       cuda_ext=kernels.available(device)),
-                      target=tinfo, results=results, **({"batch_sweep": sweep} if sizes else {}))
+                      target=tinfo, results=results)
         data.write_atomic(args.json, json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.json}")
     return results

@@ -1,7 +1,8 @@
 """
 bench.py end to end on tiny random checkpoints (seconds on 2 cores): the JSON schema, ar's
 tau, the greedy lossless check; which weights it loads and what it says of a drafter it cannot
-run; and the one-line errors for bad input. The SVG chart of its JSON: tests/test_plot.py.
+run; and the one-line errors for bad input. At the end, dev/sweep.py's batch sweep (--option
+batch_size), which was bench's. The SVG chart of its JSON: tests/test_plot.py.
 
     python -m pytest -q tests/test_bench.py
 """
@@ -17,6 +18,7 @@ import bench
 import data
 import speculate
 from checkpoint import load_target, save_checkpoint, weights_hash
+from dev import sweep
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
@@ -44,12 +46,11 @@ def prompts_file(tmp_path_factory):
 def test_smoke_json(weights, prompts_file, tmp_path, capsys):
     js = tmp_path / "bench.json"
     bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,ngram,draft", "--temperatures", "0,1",
-                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "1,2",
-                "--json", str(js)])
+                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--json", str(js)])
     out = capsys.readouterr().out
     assert "machine" in out and "acceptance per draft position" in out
     report = json.loads(js.read_text())
-    assert set(report) == {"config", "machine", "target", "results", "batch_sweep"}
+    assert set(report) == {"config", "machine", "target", "results"}
     assert report["target"]["path"] == str(weights / "target.pt") and report["target"]["params"] > 0
     assert report["config"]["methods"] == "ar,ngram,draft" and report["config"]["max_new_tokens"] == 12
     assert set(report["machine"]) == {"device", "torch", "cuda_ext"}
@@ -76,12 +77,6 @@ def test_smoke_json(weights, prompts_file, tmp_path, capsys):
         ar = next(a for a in rows if a["method"] == "ar" and a["temperature"] == r["temperature"])
         assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
-    assert {(s["method"], s["batch_size"]) for s in report["batch_sweep"]} == {(m, b) for m in ("ar", "ngram", "draft") for b in (1, 2)}
-    # the sweep runs at the first temperature (0 here), so each row is checked against ar at its batch size
-    assert all(s["lossless"] is True and s["mismatches"] == 0 for s in report["batch_sweep"])
-    # tau is tokens per pass *per row*: plain decoding commits exactly one per row and pass at any batch size
-    assert all(s["tau"] == 1.0 and s["tau_se"] == 0.0 for s in report["batch_sweep"] if s["method"] == "ar")
-    assert all(s["wall_s_runs"] == [s["wall_s"]] for s in report["batch_sweep"])
 
 
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
@@ -163,9 +158,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--prompts", "no/such/file.jsonl"], "cannot read"),
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--block-size", "0"], "--block-size must be >= 2, got 0"),
-    (["--batch-sizes", "4,0"], "--batch-sizes must be >= 1, got 0"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
-    (["--mtp-margin", "nan"], "--mtp-margin must be >= 0, got nan"),
     (["--methods", ""], "--methods names no method"),
     (["--K", "0"], "--K must be >= 1, got 0"),
     (["--threads", "-1"], "--threads must be >= 0, got -1"),
@@ -174,12 +167,12 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["--temperatures", "0,-1"], "--temperatures must be >= 0, got 0,-1"),
     (["--temperatures", "nan"], "--temperatures must be >= 0, got nan"),
-    (["--temperatures", "0,hot"], "--temperatures / --batch-sizes must be comma lists of numbers"),
+    (["--temperatures", "0,hot"], "--temperatures must be a comma list of numbers"),
     (["--methods", "ar,eagle", "--block-size", "8"], "--block-size sets an option of dflash, which is not being run"),
-    (["--methods", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp, which is not being run"),
+    (["--methods", "dflash", "--mtp-draft", "1"], "--mtp-draft sets an option of mtp, which is not being run"),
     (["--weights", os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")], "--weights names a folder of checkpoints, not a file"),
     (["--batch-size", "11"], "a batch of 11 rows needs at least 11 prompts, and there are 10 (see --n-prompts)"),
-    (["--n-prompts", "3", "--batch-sizes", "1,4"], "a batch of 4 rows needs at least 4 prompts, and there are 3")])
+    (["--n-prompts", "3", "--batch-size", "4"], "a batch of 4 rows needs at least 4 prompts, and there are 3")])
 def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(flags)
@@ -187,10 +180,10 @@ def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
     assert e.value.code == 2 and expect in out.err and out.out == ""  # nothing loaded before the check
 
 
-def test_a_repeated_temperature_or_batch_size_runs_once():
+def test_a_repeated_temperature_runs_once():
     """--temperatures 0,0 printed each row twice (methods were already taken once each)."""
-    args = bench.get_parser().parse_args(["--temperatures", "0,1,0.0", "--batch-sizes", "2,1,2", "--methods", "ngram,ar,ngram"])
-    assert bench.check_args(args)[:3] == ([0.0, 1.0], [2, 1], ["ar", "ngram"])
+    args = bench.get_parser().parse_args(["--temperatures", "0,1,0.0", "--methods", "ngram,ar,ngram"])
+    assert bench.check_args(args)[:2] == ([0.0, 1.0], ["ar", "ngram"])
 
 
 def test_an_unwritable_json_is_refused_before_any_work(tmp_path, capsys):
@@ -211,21 +204,19 @@ def test_an_unwritable_json_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_lossless_column_catches_a_broken_verifier(weights, prompts_file, tmp_path, monkeypatch, capsys):
-    # a verifier that accepts every draft is fast and wrong: both the table and the sweep must say so
+    # a verifier that accepts every draft is fast and wrong: the table must say so (the batch sweep: below)
     def accept_all(p, drafts, q=None, uniforms=None):
         n = torch.full((drafts.shape[0],), drafts.shape[1], dtype=torch.long)
         return n, p[:, -1].argmax(-1)
     monkeypatch.setattr(speculate, "accept_scan", accept_all)
     js = tmp_path / "bench.json"
     bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,draft", "--temperatures", "0",
-                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--batch-sizes", "2",
-                "--json", str(js)])
+                "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3", "--json", str(js)])
     out = capsys.readouterr().out
     report = json.loads(js.read_text())
-    draft, sweep = report["results"][1], report["batch_sweep"][1]
-    assert draft["method"] == sweep["method"] == "draft"
+    draft = report["results"][1]
+    assert draft["method"] == "draft"
     assert draft["lossless"] is False and draft["mismatches"] > 0 and "NO (" in out
-    assert sweep["lossless"] is False and sweep["mismatches"] > 0 and "draft" in out and "x*" in out
     assert len(draft["first_difference_gaps"]) == draft["mismatches"] and "NOTE      draft T=0" in out
     assert report["results"][0]["first_difference_gaps"] == []  # ar against itself
 
@@ -325,6 +316,7 @@ def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
                               alpha=[], draft_row_passes=0, draft_s=0.0, verify_s=1.0, verify_passes=2)
 
     monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: None)  # the untimed warm-up
     args = argparse.Namespace(repeats=3)
     ar, ngram = bench.bench_rows(None, {"ar": "ar", "ngram": "ngram"}, {"ar": 0, "ngram": 7}, [[1]], [1.0], 1, args)
     assert order == ["ar", "ngram"] * 3  # one run of every method per round, not three of one in a row
@@ -340,7 +332,7 @@ def test_json_verify_passes_are_batch_passes_not_row_passes(weights, prompts_fil
     ar = rows[0]
     assert ar["new_tokens"] == 24 and ar["verify_passes"] == 12  # one pass commits a token for both rows
     report = json.loads(js.read_text())
-    assert report["results"] == rows and set(report) == {"config", "machine", "target", "results"}  # no sweep
+    assert report["results"] == rows and set(report) == {"config", "machine", "target", "results"}
 
 
 def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
@@ -420,16 +412,6 @@ def test_bfloat16_needs_cuda(capsys):
     assert e.value.code == 2 and "--dtype bfloat16 needs --device cuda" in capsys.readouterr().err
 
 
-def test_sweep_speedup_is_against_ar_at_the_same_batch_size(tmp_path):
-    w = tmp_path / "w"
-    save_tiny(w / "target.pt")
-    (tmp_path / "p.txt").write_text("def f():\n\nclass A:\n")
-    bench.main(["--target", str(w / "target.pt"), "--methods", "ar,ngram", "--temperatures", "0", "--prompts",
-                str(tmp_path / "p.txt"), "--max-new-tokens", "6", "--batch-sizes", "2", "--json", str(tmp_path / "b.json")])
-    sweep = json.loads((tmp_path / "b.json").read_text())["batch_sweep"]
-    assert [s["speedup"] for s in sweep if s["method"] == "ar"] == [1.0]
-
-
 def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
     w = tmp_path / "w"
     save_tiny(w / "target.pt")
@@ -446,19 +428,16 @@ def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
     assert rows[0]["K"] == 0 and rows[0]["new_tokens"] == 255 - n
 
 
-def test_table_content_a_tie_one_draft_position_and_a_sampled_sweep(capsys):
+def test_table_content_a_tie_and_one_draft_position(capsys):
     """A gap of exactly 0 is a tie, not "(ends early)"; a row with one draft position (mtp of
-    depth 1, --K 1) still gets its acceptance line; a sweep at T > 0 marks no row with "*" (its
-    lossless is None: sampled rows differ from ar's by design)."""
+    depth 1, --K 1) still gets its acceptance line."""
     row = dict(method="mtp", temperature=0.0, K=1, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
                predicted_speedup=1.3, lossless=False, mismatches=2, drafter_params=0, acceptance_per_position=[0.5],
                first_difference_gaps=[0.0, None])
-    sweep = [dict(method="mtp", batch_size=2, tokens_per_s=10.0, speedup=1.2, lossless=None)]
-    bench.print_table([row], sweep, [2], 1.0, 2)
+    bench.print_table([row], 2)
     out = capsys.readouterr().out
     assert "are 0, (ends early) apart" in out and "NO (2/2 differ)" in out
     assert "alpha_1 0.50 ... alpha_1 0.50" in out
-    assert "batch   2: mtp 10 tok/s 1.20x\n" in out and "*" not in out.split("batch sweep")[1]
 
 
 # -----------------------------------------------------------------------------
@@ -470,7 +449,7 @@ def test_acceptance_line_bars_and_E(capsys):
     row = dict(method="mtp", temperature=0.0, K=5, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
                predicted_speedup=1.3, lossless=True, mismatches=0, drafter_params=0,
                acceptance_per_position=[1.0, 0.99, 0.5, 0.1, 0.0], first_difference_gaps=[])
-    bench.print_table([row], [], [], 0.0, 2)
+    bench.print_table([row], 2)
     out = capsys.readouterr().out
     assert "|████▄▄▁▁  | alpha_1 1.00 ... alpha_5 0.00" in out and "E = 1 + sum = 3.59" in out
 
@@ -536,3 +515,67 @@ def test_dflash_drafts_its_trained_block_unless_told(tmp_path, capsys, monkeypat
     assert "; train it: python train.py --preset cpu-draft" in out
     assert "skipping dflash: cannot load it (ValueError: a fault of its own)" in out
     assert [r["method"] for r in results] == ["ar", "ngram"]
+
+
+# -----------------------------------------------------------------------------
+# dev/sweep.py --option batch_size: the batch sweep, which was bench.py's --batch-sizes
+
+def test_batch_sweep_rows_per_batch_size_against_ar_there(weights, prompts_file, tmp_path, capsys):
+    """Every method at every batch size, each row's speedup and lossless against ar at its own
+    batch size; tau is tokens per pass *per row*, so plain decoding's is exactly 1 at any size."""
+    js = tmp_path / "sweep.json"
+    rows = sweep.main(["--target", str(weights / "target.pt"), "--method", "draft", "--also", "ngram",
+                       "--option", "batch_size=1,2,1", "--temperatures", "0", "--prompts", str(prompts_file),
+                       "--max-new-tokens", "12", "--K", "3", "--json", str(js)])
+    out = capsys.readouterr().out
+    assert [(r["method"], r["option"]) for r in rows] == [
+        (f"{m} batch_size={b}", {"batch_size": b}) for b in (1, 2) for m in ("ar", "draft", "ngram")]  # 1 once
+    assert json.loads(js.read_text())["results"] == rows
+    assert all(r["lossless"] is True and r["mismatches"] == 0 and r["new_tokens"] == 2 * 12 for r in rows)
+    assert all(r["wall_s_runs"] == [r["wall_s"]] for r in rows)  # --repeats 1: the one run is the median
+    for b in (1, 2):
+        ar = next(r for r in rows if r["method"] == f"ar batch_size={b}")
+        assert ar["tau"] == 1.0 and ar["tau_se"] == 0.0 and ar["speedup"] == 1.0
+        assert ar["verify_passes"] == 2 * 12 // b  # one pass commits a token for every row of the batch
+        for r in rows:
+            if r["option"] == {"batch_size": b}:
+                assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
+    assert "batch 1,2 | temperatures 0" in out and "against ar at the same batch size" in out
+    assert next(l for l in out.splitlines() if l.startswith("ar batch_size=2 ")).split()[2:5] == ["0", "0", "1.00"]
+
+
+def test_batch_sweep_continuous_and_sampled(weights, prompts_file, capsys):
+    """--continuous reaches the sweep's runs (one row taking both prompts in turn decodes them
+    as two batches of one: the same tau and passes); sampled rows are n/a, never NO."""
+    argv = ["--target", str(weights / "target.pt"), "--method", "ngram", "--option", "batch_size=1",
+            "--temperatures", "0,1", "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"]
+    fixed, cont = sweep.main(argv), sweep.main(argv + ["--continuous"])
+    out = capsys.readouterr().out
+    assert "batch 1 (continuous)" in out and " NO" not in out
+    for a, b in zip(fixed, cont):
+        assert (a["method"], a["tau"], a["verify_passes"]) == (b["method"], b["tau"], b["verify_passes"])
+        assert b["lossless"] is (True if b["temperature"] == 0 else None)
+
+
+def test_batch_sweep_lossless_catches_a_broken_verifier(weights, prompts_file, monkeypatch, capsys):
+    def accept_all(p, drafts, q=None, uniforms=None):  # fast and wrong, at every batch size
+        n = torch.full((drafts.shape[0],), drafts.shape[1], dtype=torch.long)
+        return n, p[:, -1].argmax(-1)
+    monkeypatch.setattr(speculate, "accept_scan", accept_all)
+    rows = sweep.main(["--target", str(weights / "target.pt"), "--method", "draft", "--option", "batch_size=2",
+                       "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens", "12", "--K", "3"])
+    draft = rows[1]
+    assert draft["method"] == "draft batch_size=2" and draft["lossless"] is False and draft["mismatches"] > 0
+    assert capsys.readouterr().out.rstrip().endswith("NO")
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--option", "batch_size=4,0"], "--option batch_size: rows decoded at once are >= 1"),
+    (["--option", "batch_size=2", "--batch-size", "2"], "it replaces --batch-size"),
+    (["--option", "batch_size=1,4", "--n-prompts", "3"], "a batch of 4 rows needs at least as many prompts (3)"),
+    (["--option", "batch_size=1", "--methods", "ar"], "not --methods")])
+def test_batch_sweep_bad_flags_are_one_line(flags, expect, capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--method", "ngram", *flags])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and expect in out.err and out.err.count("\n") == 1 and out.out == ""
