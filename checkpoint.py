@@ -108,10 +108,10 @@ def load_tokenizer(target_path):
 
 
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,
-                 mtp_margin=0.0, tree_nodes=32, confidence=0.0):
+                 tree_nodes=32, confidence=0.0):
     """The drafter for a method name (ar: None) from folder/<method>.pt, checked against the target
     (or the target's own MTP heads, or a z-lab DFlash folder); dflash-tree carries a DraftTree.
-    confidence (draft, eagle, dflash): stop drafting where unsure (draft_simple.cut_unsure)."""
+    confidence (draft, mtp, eagle, dflash): stop drafting where unsure (draft_simple.cut_unsure)."""
     if method == "ar":
         return None
     if method == "ngram":
@@ -147,7 +147,7 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
     print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
     if method == "mtp":
-        return MTPDrafter(target, model, n_draft=mtp_draft, margin=mtp_margin)
+        return MTPDrafter(target, model, n_draft=mtp_draft, confidence=confidence)
     if method == "eagle":
         return EagleDrafter(target, model, confidence=confidence)
     return DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample,
@@ -164,9 +164,7 @@ DRAFTER_FLAGS = {
                                    help="dflash-tree: nodes of the draft tree verified per pass")),
     "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None,
                                 help="mtp: draft N tokens per step (default: its depth)")),
-    "--mtp-margin": ("mtp", dict(dest="mtp_margin", type=float, default=0.0,
-                                 help="mtp: stop drafting below this top-1 vs top-2 logit margin")),
-    "--confidence": ("draft eagle dflash", dict(dest="confidence", type=float, default=0.0,
+    "--confidence": ("draft mtp eagle dflash", dict(dest="confidence", type=float, default=0.0,
                      help="stop past a draft of probability < C (dflash: their product); 0: off")),
 }
 

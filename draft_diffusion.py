@@ -99,12 +99,10 @@ class DFlash(nn.Module):
         """Per-layer context keys/values, k normed but NOT rotated: (L, B, T, H, D) each.
         This is what kv_inject writes (rotating k at the absolute positions)."""
         B, T, _ = c.shape
-        ks, vs = [], []
-        for layer in self.layers:
-            attn = layer.attn
-            ks.append(attn.k_norm(attn.wk(c).view(B, T, attn.n_kv_head, attn.head_dim)))
-            vs.append(attn.wv(c).view(B, T, attn.n_kv_head, attn.head_dim))
-        return torch.stack(ks), torch.stack(vs)
+        attns = [layer.attn for layer in self.layers]
+        k = [a.k_norm(a.wk(c).view(B, T, a.n_kv_head, a.head_dim)) for a in attns]
+        v = [a.wv(c).view(B, T, a.n_kv_head, a.head_dim) for a in attns]
+        return torch.stack(k), torch.stack(v)
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
         """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
@@ -178,16 +176,14 @@ class DFlash(nn.Module):
                                    for _ in range(B)])
         A = anchors.shape[1]                                                # (B, A)
         logits, pos = self.train_logits(target, tokens, feats, anchors)
-        slot = torch.arange(S, device=dev)
         # slot k predicts the token AT position a+k (same position, no shift); slot 0 is dropped
         lab_pos = pos[:, :, 1:]                                             # (B, A, S-1)
         valid = lab_pos < T
         labels = tokens.gather(1, lab_pos.clamp(max=T - 1).flatten(1)).view(B, A, S - 1)
         logits = logits[:, :, 1:]
-        w = torch.exp(-(slot[1:] - 1).float() / self.gamma)[None, None].expand(B, A, S - 1) * valid
+        w = torch.exp(-torch.arange(S - 1, device=dev) / self.gamma) * valid  # exp(-(k-1)/gamma)
         ce = F.cross_entropy(logits.flatten(0, 2).float(), labels.flatten(), reduction="none")
-        ce = ce.view(B, A, S - 1)
-        loss = (ce * w).sum() / w.sum()
+        loss = (ce * w.flatten()).sum() / w.sum()
         hit = (logits.argmax(-1) == labels) & valid
         return loss, {"agree": hit.sum((0, 1)).cpu(), "count": valid.sum((0, 1)).cpu()}
 
@@ -249,8 +245,7 @@ class DFlashDrafter:
         cfg, L = self.target.cfg, self.dflash.n_layer
         shape = (L, B, cfg.n_kv_head, T_max, cfg.head_dim)  # (L, B, H, T_max, D)
         w = self.target.head.weight
-        self.ck = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.cv = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.ck, self.cv = w.new_zeros(shape), w.new_zeros(shape)
         self.ctx_len = torch.zeros(B, dtype=torch.long, device=w.device)
         self.update(tokens, n, feats, n - 1)  # the prompt pass fed positions 0..n-2
 
@@ -266,26 +261,21 @@ class DFlashDrafter:
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
         """Row b's context cache restarts with the new prompt's features (one kv_inject that
-        writes row b only: the other rows get zero new positions)."""
+        writes row b only: every row is handed row b's K/V, the others with a count of 0)."""
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, 1, fed, H, D)
-        fed = k.shape[2]
-        new_k = k.new_zeros(k.shape[0], len(n), *k.shape[2:])      # (L, B, fed, H, D), row b only
-        new_v = torch.zeros_like(new_k)
-        new_k[:, b], new_v[:, b] = k[:, 0], v[:, 0]
         counts = torch.zeros_like(self.ctx_len)
-        counts[b] = fed
-        self.ctx_len[b] = 0
-        kv_inject(self.ck, self.cv, new_k, new_v, self.ctx_len, counts, self.target.rope_cos,
-                  self.target.rope_sin)
-        self.ctx_len[b] = fed
+        counts[b], self.ctx_len[b] = k.shape[2], 0
+        every_row = lambda x: x.expand(-1, len(n), -1, -1, -1)      # (L, B, fed, H, D), no copy
+        kv_inject(self.ck, self.cv, every_row(k), every_row(v), self.ctx_len, counts,
+                  self.target.rope_cos, self.target.rope_sin)
+        self.ctx_len[b] = k.shape[2]
 
     @torch.no_grad()
     def block_logits(self, tokens, n, S):
         """One drafter pass over the block [x_{N-1}, mask x (S-1)] -> logits (B, S, V)."""
         B, dev = tokens.shape[0], tokens.device
-        rows = torch.arange(B, device=dev)
         blk = torch.full((B, S), self.dflash.mask_id, device=dev)
-        blk[:, 0] = tokens[rows, n - 1]                       # slot 0: the pending token x_{N-1}
+        blk[:, 0] = tokens.gather(1, n[:, None] - 1)[:, 0]    # slot 0: the pending token x_{N-1}
         pos = (n - 1)[:, None] + torch.arange(S, device=dev)  # (B, S) absolute positions
         T_ctx = int(self.ctx_len.max())
         ck, cv = self.ck[:, :, :, :T_ctx], self.cv[:, :, :, :T_ctx]

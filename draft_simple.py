@@ -1,7 +1,7 @@
 """
 The two drafters that read no target features, the helpers the drafters with a cache of their
-own share (mtp.py, draft_eagle.py), and the --confidence cut of draft, eagle and dflash. Their
-interface is in speculate.py's docstring.
+own share (mtp.py, draft_eagle.py), and the --confidence cut of draft, mtp, eagle and dflash.
+Their interface is in speculate.py's docstring.
 
   ngram  prompt lookup (Saxena 2023): the tokens that followed the latest earlier occurrence
          of the last n committed tokens. No training, no model, no q.
@@ -68,7 +68,7 @@ def confidence(logits, d):
 def cut_unsure(drafts, q, conf, C):
     """drafts (B, K) and q (B, K, V) or None cut after each row's first slot whose conf (B, K) is
     below C: later slots NO_DRAFT, columns past the longest row dropped. conf: each draft's
-    confidence (draft, eagle), or their running product along the block (dflash).
+    confidence (draft, mtp, eagle), or their running product along the block (dflash).
     NOTE: LOSSLESS ONLY SO: whether slot i is drafted may depend on the drafts before it, never
     on its own; dropping a draft for its own low q(d) leaves kept drafts drawn from q restricted
     to sure tokens, not from q, and biases the ratio test (tests/test_adaptive.py catches it)."""
@@ -78,9 +78,9 @@ def cut_unsure(drafts, q, conf, C):
 
 
 def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0):
-    """Up to K drafts one at a time (draft, eagle): logits (B, V) give the first, step(h, d) ->
-    (h, logits) the next in one drafter pass (h: eagle's feature). C > 0: once every row drafted
-    one it is unsure of, no more passes (cut_unsure). -> drafts (B, K'), q (B, K', V) or None."""
+    """Up to K drafts one at a time (draft, mtp, eagle): logits (B, V) give the first, step(h, d)
+    -> (h, logits) the next in one pass (h: eagle's feature, mtp's depth). C > 0: once every row
+    drafted one it is unsure of, no more passes (cut_unsure). -> drafts (B, K'), q or None."""
     drafts, qs, conf = [], [], []
     for i in range(K):
         d, q = draft_token(logits, temperature, top_k, generator, sample)

@@ -12,21 +12,19 @@ loss weight lambda / D), or post-hoc on a frozen target (`python train_drafter.p
 
 As a drafter, module k's output at the last fed position t = N-2 predicts token N-1+k: D modules
 draft D tokens. Each module keeps a KV cache of its own, whose entry at p is exact only once its
-input x_{p+k} is committed (p <= N-1-k): propose() catches every module up on the positions that
-became exact, runs the chain, then rolls the tentative entries back. Confidence gate
-(`--mtp-draft N --mtp-margin M`): draft at most N tokens, and stop a row after the first module
-whose top-1 vs top-2 logit margin is below M (that draft still counts); a stopped row leaves
-its later slots empty (NO_DRAFT) while the others draft on.
+input x_{p+k} is committed (p <= N-1-k): propose() runs the chain, catching each module up on
+the positions that became exact before it drafts, then rolls the tentative entries back.
+`--mtp-draft N`: draft at most N tokens; `--confidence C`: a row stops after a draft it is less
+sure of than C, as the other chain drafters do (draft_simple.draft_chain).
 """
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from draft_simple import draft_token, ragged_positions, run_layer
+from draft_simple import draft_chain, ragged_positions, run_layer
 from kv_cache import KVCache
 from model import Block, RMSNorm
-from speculate import NO_DRAFT
 
 
 class MTPModule(nn.Module):
@@ -100,15 +98,12 @@ class PostHocMTP(MTP):
 class MTPDrafter:
     """Chains the MTP modules as a drafter for speculate.generate (see the module docstring)."""
 
-    def __init__(self, target, mtp, n_draft=None, margin=0.0, sample=True):
-        self.target, self.mtp = target, mtp
+    def __init__(self, target, mtp, n_draft=None, sample=True, confidence=0.0):
+        self.target, self.mtp, self.sample, self.confidence = target, mtp, sample, confidence
         n_draft = mtp.depth if n_draft is None else n_draft
         if not 1 <= n_draft <= mtp.depth:
             raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, "
                              f"not {n_draft}")
-        if not margin >= 0:  # a negative margin would gate nothing, as 0 does: say so instead
-            raise ValueError(f"the mtp confidence margin must be >= 0 (0: no gate), got {margin}")
-        self.margin, self.sample = margin, sample
         self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
         self.default_K = self.max_K = n_draft       # one draft per module, no more
 
@@ -141,34 +136,26 @@ class MTPDrafter:
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
+    def run_module(self, k, ext, n):
+        """Catch module k up to the last fed position P = n-2 (ext: committed tokens, then the
+        drafts so far) -> its logits (B, V) at P, which predict token n-1+k."""
+        target, mod, cache, P = self.target, self.mtp.mods[k - 1], self.caches[k - 1], n - 2
+        cache.rollback(torch.minimum(cache.lengths, P))      # at least position P is (re)run
+        p_idx = ragged_positions(cache.lengths, P)          # (B, m)
+        h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
+        out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))
+        # NOTE: write at pos, where the padding's junk lands past P; p_idx repeats P in the
+        # padding, and scatter_ keeps an arbitrary one of repeated indices (on CPU: a pad)
+        self.H[k].scatter_(1, pos[..., None].expand_as(out), out)  # out, pos: (B, m, C), (B, m)
+        cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))  # exact up to N-1-k
+        return target.head(mod.out_norm(self.H[k, torch.arange(len(n), device=n.device), P]))
+
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        target, B = self.target, tokens.shape[0]
-        P = n - 2                                      # last fed position, per row
-        ext = tokens.clone()                           # committed tokens, then drafts past n
-        rows = torch.arange(B, device=n.device)
-        drafts, qs = [], []
-        stopped = torch.zeros(B, dtype=torch.bool, device=n.device)  # by the confidence gate
-        for k in range(1, min(K, self.max_K) + 1):
-            mod, cache = self.mtp.mods[k - 1], self.caches[k - 1]
-            cache.rollback(torch.minimum(cache.lengths, P))  # at least position P is (re)run
-            start = cache.lengths.clone()
-            p_idx = ragged_positions(start, P)        # (B, m)
-            h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
-            e = target.embed(ext.gather(1, p_idx + k))
-            out, pos = run_layer(mod, target, cache, h, e)  # (B, m, C), (B, m)
-            # NOTE: write at pos, where the padding's junk lands past P; p_idx repeats P in the
-            # padding, and scatter_ keeps an arbitrary one of repeated indices (on CPU: a pad)
-            self.H[k].scatter_(1, pos[..., None].expand_as(out), out)
-            cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))  # exact up to N-1-k
-            logits = target.head(mod.out_norm(self.H[k, rows, P]))  # (B, V): predicts token N-1+k
-            d, q = draft_token(logits, temperature, top_k, generator, self.sample)
-            drafts.append(torch.where(stopped, NO_DRAFT, d))
-            qs += [q] if q is not None else []
-            ext[rows, n - 1 + k] = d                   # a stopped row's chain runs on, unused
-            if self.margin > 0 and k < self.max_K:     # confidence gate: a row stops when unsure
-                top2 = logits.float().topk(2, -1).values
-                stopped |= top2[:, 0] - top2[:, 1] < self.margin
-                if bool(stopped.all()):
-                    break
-        return torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
+        ext, rows = tokens.clone(), torch.arange(len(n), device=n.device)
+
+        def step(k, d):  # module k's draft d is module k+1's input x_{n-1+k}
+            ext[rows, n - 1 + k] = d  # a row that stopped (--confidence) runs on, unused
+            return k + 1, self.run_module(k + 1, ext, n)
+        return draft_chain(step, 1, self.run_module(1, ext, n), min(K, self.max_K), temperature,
+                           top_k, generator, self.sample, self.confidence)

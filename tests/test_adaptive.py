@@ -1,11 +1,11 @@
 """
-Draft lengths that adapt (--confidence C, issue 50): draft, eagle and dflash stop drafting where
-they are unsure (draft_simple.cut_unsure), and stay lossless.
+Draft lengths that adapt (--confidence C, issue 50): draft, mtp, eagle and dflash stop drafting
+where they are unsure (draft_simple.cut_unsure), and stay lossless.
 
-- greedy: token-identical to plain decoding for each of the three, batch 1, 3 ragged rows and
+- greedy: token-identical to plain decoding for each of the four, batch 1, 3 ragged rows and
   6 prompts through 2 rows, with rows that really stopped at different slots in one pass
 - drafts get shorter: C near 1 drafts one slot per step in one drafter pass, C = 0 drafts K
-- sampling: the exact-distribution test of test_speculate.py with C > 0 (draft, dflash), and
+- sampling: the exact-distribution test of test_speculate.py with C > 0 (draft, mtp, dflash), and
   the broken rule (a slot dropped on its own confidence) failing it
 - flags: --confidence reaches the drafters, is refused for a method that does not use it and
   out of 0..1 in one line; dev/sweep.py at tiny scale
@@ -30,21 +30,25 @@ from dev import plot, sweep
 from draft_diffusion import DFlashDrafter
 from draft_eagle import EagleDrafter
 from draft_simple import ModelDrafter, cut_unsure
+from mtp import MTPDrafter
 from speculate import NO_DRAFT
 from test_dflash import random_dflash
 from test_eagle import random_eagle
+from test_mtp import echo_mtp, random_mtp
 from test_speculate import (SAMPLE_PROMPT, loopy_target, near_model_for, prompts, random_target,
                             reference, sampled_tv, sampling_target)
 
 K, MAX_NEW = 6, 16
 # thresholds with rows stopping at different slots on these tiny models (V = 97, so a draft's
 # probability is ~0.1; dflash's is a running product along the block, so lower)
-C = {"draft": 0.12, "eagle": 0.12, "dflash": 0.04}
+C = {"draft": 0.12, "mtp": 0.12, "eagle": 0.12, "dflash": 0.04}
 
 
 def make(method, target, confidence):
     if method == "draft":  # the target drafts for itself (a copy): every draft is accepted
         return ModelDrafter(copy.deepcopy(target), confidence=confidence)
+    if method == "mtp":  # K modules: one per draft
+        return MTPDrafter(target, random_mtp(target, depth=K), confidence=confidence)
     if method == "eagle":
         return EagleDrafter(target, random_eagle(target), confidence=confidence)
     return DFlashDrafter(target, random_dflash(target.cfg), confidence=confidence)
@@ -79,7 +83,7 @@ def test_cut_unsure_keeps_the_unsure_slot_and_drops_the_rest():
 
 @pytest.mark.parametrize("n_prompts, batch", [(1, None), (3, None), (6, 2)])  # 6: continuous
 @pytest.mark.parametrize("kind", ["repetitive", "random"])
-@pytest.mark.parametrize("method", ["draft", "eagle", "dflash"])
+@pytest.mark.parametrize("method", ["draft", "mtp", "eagle", "dflash"])
 def test_greedy_with_confidence_equals_plain(method, kind, n_prompts, batch):
     target = loopy_target() if kind == "repetitive" else random_target()
     rows = [list(p) for p in prompts(kind)[:n_prompts]]
@@ -95,18 +99,21 @@ def test_greedy_with_confidence_equals_plain(method, kind, n_prompts, batch):
 
 
 def drafter_passes(drafter):
-    """A counter of the forward passes of the drafter's own network (a module run once each)."""
-    net = {ModelDrafter: lambda d: d.model, EagleDrafter: lambda d: d.eagle.layer,
-           DFlashDrafter: lambda d: d.dflash.norm}[type(drafter)](drafter)
+    """A counter of the forward passes of the drafter's own network (a module run once each;
+    mtp: each of its modules)."""
+    nets = {ModelDrafter: lambda d: [d.model], MTPDrafter: lambda d: d.mtp.mods,
+            EagleDrafter: lambda d: [d.eagle.layer],
+            DFlashDrafter: lambda d: [d.dflash.norm]}[type(drafter)](drafter)
     count = [0]
-    net.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    for net in nets:
+        net.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
     return count
 
 
-@pytest.mark.parametrize("method", ["draft", "eagle", "dflash"])
+@pytest.mark.parametrize("method", ["draft", "mtp", "eagle", "dflash"])
 def test_confidence_near_one_drafts_one_slot_and_zero_drafts_K(method):
     """C = 0.999: every row stops after its first draft, and the drafter runs one pass per step
-    (its catch-up, or dflash's block) instead of K; C = 0 is fixed K, as before."""
+    (its catch-up, mtp's first module, or dflash's block) instead of K; C = 0 is fixed K."""
     target = random_target()
     rows = [list(p) for p in prompts("random")[:3]]
     for conf, width, passes in [(0.999, 1, 1), (0.0, K, 1 if method == "dflash" else K)]:
@@ -128,10 +135,12 @@ def sampling_drafter(method):
     t = sampling_target()
     if method == "draft":  # close to the target: both branches of the ratio test get traffic
         return ModelDrafter(near_model_for(t, noise=0.01, seed=8), confidence=SAMPLE_C)
+    if method == "mtp":
+        return MTPDrafter(t, echo_mtp(t, depth=2), confidence=SAMPLE_C)
     return DFlashDrafter(t, random_dflash(t.cfg, block_size=4), confidence=SAMPLE_C)
 
 
-@pytest.mark.parametrize("method", ["draft", "dflash"])
+@pytest.mark.parametrize("method", ["draft", "mtp", "dflash"])
 def test_sampling_with_confidence_is_lossless(method):
     tv, bound, st = sampled_tv(sampling_target(), SAMPLE_PROMPT, sampling_drafter(method), K=2)
     assert tv < bound, f"{method}: TV {tv:.3f} >= bound {bound:.3f}"
@@ -161,8 +170,8 @@ W = os.path.join(WEIGHTS_DIR, "cpu")
 
 
 @pytest.mark.parametrize("flags, expect", [
-    (["--methods", "ar,mtp", "--confidence", "0.5"],
-     "--confidence sets an option of draft/eagle/dflash, which is not being run"),
+    (["--methods", "ar,ngram", "--confidence", "0.5"],
+     "--confidence sets an option of draft/mtp/eagle/dflash, which is not being run"),
     (["--methods", "draft", "--confidence", "1.5"], "--confidence must be within 0..1"),
     (["--methods", "draft", "--confidence", "-0.1"], "--confidence must be within 0..1"),
     (["--methods", "draft", "--confidence", "nan"], "--confidence must be within 0..1")])
@@ -175,14 +184,14 @@ def test_bad_confidence_flags_are_refused_in_one_line(flags, expect, capsys):
 
 def test_sample_refuses_confidence_for_ngram_in_one_line(run_script):
     rc, _, err = run_script("sample.py", "--method", "ngram", "--confidence", "0.5")
-    assert rc == 1 and "--confidence sets an option of draft/eagle/dflash" in err, err
+    assert rc == 1 and "--confidence sets an option of draft/mtp/eagle/dflash" in err, err
 
 
 def test_confidence_reaches_the_drafters_and_shortens_drafts(capsys):
-    """On the committed weights: load_drafter hands it to all three; sample.py's flag cuts
+    """On the committed weights: load_drafter hands it to all four; sample.py's flag cuts
     draft's drafts (fixed K drafts 7 every step)."""
     target = checkpoint.load_target(os.path.join(W, "target.pt"))
-    for m in ("draft", "eagle", "dflash"):
+    for m in ("draft", "mtp", "eagle", "dflash"):
         assert checkpoint.load_drafter(m, target, W, confidence=0.3).confidence == 0.3
     assert checkpoint.load_drafter("dflash-tree", target, W, confidence=0.3).confidence == 0.0
     args = ["--method", "draft", "--prompt", "def parse(", "--max-new-tokens", "24",

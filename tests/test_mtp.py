@@ -2,7 +2,7 @@
 MTP modules and their drafter (mtp.py, DESIGN.md sec. 6; DeepSeek-V3, arXiv 2412.19437 sec. 2.2).
 
 - greedy speculative decoding with mtp equals plain greedy decoding (ragged batches, K capped
-  by the depth, with and without the confidence margin)
+  by the depth, with and without --confidence; its per-row stop)
 - the drafter's incremental, lagged per-module caches give exactly what the modules compute
   non-incrementally over the whole committed sequence (+ the drafts so far)
 - sampling with mtp's real q is lossless (the statistical test of test_speculate.py)
@@ -77,23 +77,24 @@ def ragged_prompts(B, seed=0):
 MAX_NEW = 16
 
 
-# K=1: no gate; K=2 < depth; K=4 > depth is capped at it (a K of 15 ran exactly the K=4 case again:
-# n_draft = min(K, DEPTH) and the loop's cap both make it 3)
-@pytest.mark.parametrize("K, margin", [(1, 0.0), (2, 0.0), (2, 1.0), (4, 0.0), (4, 1.0)])
+# K=1: nothing to stop; K=2 < depth; K=4 > depth is capped at it (a K of 15 ran exactly the K=4
+# case again: n_draft = min(K, DEPTH) and the loop's cap both make it 3). C = 0.1 stops some
+# rows at some steps on both kinds
+@pytest.mark.parametrize("K, confidence", [(1, 0.0), (2, 0.0), (2, 0.1), (4, 0.0), (4, 0.1)])
 @pytest.mark.parametrize("kind", ["random", "echo"])
-def test_greedy_equals_plain(kind, K, margin):
+def test_greedy_equals_plain(kind, K, confidence):
     target = random_target() if kind == "random" else loopy_target()
     heads = random_mtp(target) if kind == "random" else echo_mtp(target)
     for B in (1, 3):
         prompts = ragged_prompts(B)
-        drafter = MTPDrafter(target, heads, n_draft=min(K, DEPTH), margin=margin)
+        drafter = MTPDrafter(target, heads, n_draft=min(K, DEPTH), confidence=confidence)
         outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=MAX_NEW, K=K)
         assert outs == [naive_generate(target, p, MAX_NEW) for p in prompts]
         assert len(st["acceptance_per_position"]) == min(K, DEPTH)  # K is capped by the depth
-        if kind == "echo" and margin == 0 and K > 1 and B == 3:
+        if kind == "echo" and confidence == 0 and K > 1 and B == 3:
             assert MAX_NEW / min(st["row_passes"]) > 2.0, st["row_passes"]  # long acceptance is exercised
-        if kind == "echo" and margin > 0 and K > 1 and B == 3:
-            # the gate drafted fewer tokens at some steps
+        if kind == "echo" and confidence > 0 and K > 1 and B == 3:
+            # --confidence drafted fewer tokens at some steps
             assert st["attempts_per_position"][min(K, DEPTH) - 1] < st["attempts_per_position"][0]
 
 
@@ -129,7 +130,8 @@ def mtp_reference(target, heads, committed, drafts):
 
 
 class CheckedMTPDrafter(MTPDrafter):
-    """Checks every proposal of every row against mtp_reference."""
+    """Checks every proposal of every row against mtp_reference, up to the row's last draft
+    (--confidence: modules past it may not have run in this proposal)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
@@ -142,7 +144,8 @@ class CheckedMTPDrafter(MTPDrafter):
             self.max_catch_up = max(self.max_catch_up, int((n - 2 - L).max()) + 1)
         for b in range(tokens.shape[0]):
             N = int(n[b])
-            ref = mtp_reference(self.target, self.mtp, tokens[b, :N].tolist(), drafts[b].tolist())
+            mine = [t for t in drafts[b].tolist() if t != NO_DRAFT]
+            ref = mtp_reference(self.target, self.mtp, tokens[b, :N].tolist(), mine)
             for k, (hidden, logits) in enumerate(ref, 1):
                 # d_k is the argmax of module k run from scratch, d_1.. d_{k-1} as its inputs
                 assert int(drafts[b, k - 1]) == int(logits.argmax()), (b, k)
@@ -152,18 +155,23 @@ class CheckedMTPDrafter(MTPDrafter):
         return drafts, q
 
 
-@pytest.mark.parametrize("kind, batch_size", [("random", None), ("echo", None), ("random", 1)])
-def test_module_caches_match_non_incremental(kind, batch_size):
-    """batch_size 1 runs the three prompts through one row, so the caches restart by refill."""
+@pytest.mark.parametrize("kind, batch_size, confidence",
+                         [("random", None, 0.0), ("echo", None, 0.0), ("random", 1, 0.0),
+                          ("echo", None, 0.1)])
+def test_module_caches_match_non_incremental(kind, batch_size, confidence):
+    """batch_size 1 runs the three prompts through one row, so the caches restart by refill.
+    With --confidence a deeper module skipped at some steps catches up on more positions later."""
     target = random_target() if kind == "random" else loopy_target()
     heads = random_mtp(target, seed=1) if kind == "random" else echo_mtp(target, seed=1)
-    drafter = CheckedMTPDrafter(target, heads, n_draft=DEPTH)
+    drafter = CheckedMTPDrafter(target, heads, n_draft=DEPTH, confidence=confidence)
     prompts = ragged_prompts(3, seed=2)
     outs, st = speculate.generate(target, prompts, drafter, max_new_tokens=20, K=DEPTH, batch_size=batch_size)
     assert outs == [naive_generate(target, p, 20) for p in prompts]
     assert drafter.checks >= 3 * 5
     if kind == "echo":  # rows accepted different numbers of drafts, so the caches caught up by several
         assert len(set(st["row_passes"])) > 1 and drafter.max_catch_up > DEPTH
+    if confidence:  # the chain really stopped early at some steps
+        assert st["attempts_per_position"][-1] < st["attempts_per_position"][0]
 
 
 def test_mtp_draft_sets_the_default_K_and_more_than_the_depth_is_refused():
@@ -176,8 +184,8 @@ def test_mtp_draft_sets_the_default_K_and_more_than_the_depth_is_refused():
 
 
 @torch.no_grad()
-def test_margin_gate_stops_each_row_on_its_own():
-    """The gate stops a row after its first unsure module: that row leaves its later slots
+def test_confidence_stops_each_row_on_its_own():
+    """--confidence stops a row after its first unsure module: that row leaves its later slots
     empty (NO_DRAFT) while a sure row drafts on, so each row drafts what it drafts alone; the
     chain ends early only when every row is unsure."""
     target = random_target()
@@ -187,22 +195,23 @@ def test_margin_gate_stops_each_row_on_its_own():
     tokens[:, :10] = torch.randint(0, V, (2, 10), generator=g)
     n = torch.tensor([10, 10])
     feats = target(tokens[:, :9], hidden_layers=(target.cfg.n_layer,))[1][0]
-    # module 1's logits for each row, computed from scratch: the gate looks at their top-2 gap
-    gaps = [float(logits.topk(2).values[0] - logits.topk(2).values[1])
-            for logits in (mtp_reference(target, heads, tokens[b, :10].tolist(), [0])[0][1] for b in range(2))]
-    assert abs(gaps[0] - gaps[1]) > 1e-3, gaps
-    unsure = gaps.index(min(gaps))
-    for margin, fewest, most in [(sum(gaps) / 2, 2, DEPTH), (max(gaps) + 1, 1, 1)]:  # one row sure / none
-        drafter = MTPDrafter(target, heads, n_draft=DEPTH, margin=margin)
+    # module 1's logits for each row, computed from scratch: the confidence of its greedy draft
+    # is their top probability at T = 1
+    logits = [mtp_reference(target, heads, tokens[b, :10].tolist(), [0])[0][1] for b in range(2)]
+    confs = [float(row.softmax(-1).max()) for row in logits]
+    assert abs(confs[0] - confs[1]) > 1e-3, confs
+    unsure = confs.index(min(confs))
+    for C, fewest, most in [(sum(confs) / 2, 2, DEPTH), ((max(confs) + 1) / 2, 1, 1)]:  # 1 sure / 0
+        drafter = MTPDrafter(target, heads, n_draft=DEPTH, confidence=C)
         drafter.prefill(tokens, n, feats)
         drafts, _ = drafter.propose(tokens, n, K=DEPTH)
-        assert fewest <= drafts.shape[1] <= most, (margin, gaps, drafts.shape)
+        assert fewest <= drafts.shape[1] <= most, (C, confs, drafts.shape)
         assert drafts[unsure, 0] >= 0 and (drafts[unsure, 1:] == NO_DRAFT).all()
         for b in range(2):
-            alone = MTPDrafter(target, heads, n_draft=DEPTH, margin=margin)
+            alone = MTPDrafter(target, heads, n_draft=DEPTH, confidence=C)
             alone.prefill(tokens[b:b + 1], n[b:b + 1], feats[b:b + 1])
             mine = [t for t in drafts[b].tolist() if t != NO_DRAFT]
-            assert alone.propose(tokens[b:b + 1], n[b:b + 1], K=DEPTH)[0][0].tolist() == mine, (margin, b)
+            assert alone.propose(tokens[b:b + 1], n[b:b + 1], K=DEPTH)[0][0].tolist() == mine, b
 
 
 @torch.no_grad()
@@ -330,13 +339,10 @@ def test_posthoc_weights_for_another_target_are_refused(tmp_path):
     from checkpoint import weights_hash
     save_checkpoint(str(tmp_path / "mtp.pt"), dict(kind="mtp", config={"depth": 2}, state_dict=heads.state_dict(),
                                                    target_hash=weights_hash(target.cfg, target.state_dict())))
-    drafter = load_drafter("mtp", target, str(tmp_path), mtp_draft=1, mtp_margin=0.5)  # bench's --mtp-draft/--mtp-margin
-    assert (drafter.mtp.depth, drafter.max_K, drafter.margin) == (2, 1, 0.5)
+    drafter = load_drafter("mtp", target, str(tmp_path), mtp_draft=1, confidence=0.5)  # bench's flags
+    assert (drafter.mtp.depth, drafter.max_K, drafter.confidence) == (2, 1, 0.5)
     with pytest.raises(ValueError, match="mtp has 2 modules"):  # bench dies with it (see --mtp-draft)
         load_drafter("mtp", target, str(tmp_path), mtp_draft=3)
-    for margin in (-0.5, float("nan")):  # a negative margin gated nothing, as 0 does, without a word
-        with pytest.raises(ValueError, match="the mtp confidence margin must be >= 0"):
-            load_drafter("mtp", target, str(tmp_path), mtp_margin=margin)
 
 
 def test_a_deeper_loss_trains_the_shallower_modules_and_the_trunk():

@@ -1069,7 +1069,8 @@ def test_a_draft_model_with_a_shorter_context_is_refused_before_it_runs_out():
 
 
 def test_a_batch_larger_than_the_prompt_list():
-    """bench.py --batch-sizes 1,4,16 with 10 prompts: the batch is the prompts there are."""
+    """A caller's batch of 4 over 2 prompts (generate takes any list): the batch is the prompts
+    there are."""
     batch = [list(p) for p in prompts("random")[:2]]
     outs, _ = speculate.generate(random_target(), batch, NgramDrafter(), max_new_tokens=8, K=4, batch_size=4)
     assert outs == [reference("random", tuple(p), 8) for p in batch]
@@ -1177,7 +1178,7 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
             (["--top-k", "5"], "--temperature 0 decodes greedily"),
             (["--method", "mtp", "--block-size", "8"], "--block-size sets an option of dflash"),
             (["--method", "eagle", "--dflash-argmax"], "--dflash-argmax sets an option of dflash"),
-            (["--method", "dflash", "--mtp-margin", "1"], "--mtp-margin sets an option of mtp"),
+            (["--method", "dflash", "--mtp-draft", "2"], "--mtp-draft sets an option of mtp"),
             (["--method", "dflash", "--block-size", "17"], "block size 17 is outside what the "
                                                           "drafter was trained for (2..16)"),
             (["--method", "mtp", "--mtp-draft", "4"], "mtp has 3 modules"),
@@ -1189,7 +1190,7 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
 
 
 def test_cli_drafter_flags_reach_the_loader(tmp_path, monkeypatch, capsys):
-    """bench.py's --block-size, --dflash-argmax, --mtp-draft and --mtp-margin
+    """bench.py's --block-size, --dflash-argmax, --mtp-draft and --confidence
     (checkpoint.DRAFTER_FLAGS) set the same options here, on the committed weights."""
     import sample
     args = ["--prompt", "def parse(", "--max-new-tokens", "16", "--device", "cpu"]
@@ -1198,8 +1199,8 @@ def test_cli_drafter_flags_reach_the_loader(tmp_path, monkeypatch, capsys):
     assert len(st["acceptance_per_position"]) == 7
     _, st = sample.main(args + ["--method", "mtp", "--mtp-draft", "2"])
     assert len(st["acceptance_per_position"]) == 2
-    _, st = sample.main(args + ["--method", "mtp", "--mtp-margin", "1e9"])
-    assert st["attempts_per_position"][1:] == [0, 0]  # the gate stops after one draft
+    _, st = sample.main(args + ["--method", "mtp", "--confidence", "1"])
+    assert st["attempts_per_position"][1:] == [0, 0]  # no draft is that sure: one per step
 
 
 def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypatch, capsys):
