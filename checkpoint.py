@@ -1,11 +1,10 @@
 """
-Checkpoints: save, load, hash and export them; load the target, and a drafter by method name.
+Checkpoints: save, load and hash them; load the target, and a drafter by method name.
 
 A checkpoint is a torch.save'd dict: kind ("target", "mtp", "eagle", "dflash"), config,
 state_dict, args (the trainer's flags), and for a drafter the weights_hash of the target it was
 trained for, so that a drafter never runs against another target.
 
-    python checkpoint.py export out/cpu/target.pt weights/cpu/target.pt   # bf16, for weights/
     python checkpoint.py hf out/hf        # Hugging Face Qwen3 + z-lab DFlash folders (interop.py)
 """
 
@@ -186,38 +185,16 @@ def drafter_options(args, parser, methods):
     return {kw["dest"]: getattr(args, kw["dest"]) for _, kw in DRAFTER_FLAGS.values()}
 
 
-def export_checkpoint(src, dst, dtype=torch.bfloat16):
-    """Shrink a checkpoint for weights/: drop the optimizer, store weights in bf16. Loading casts
-    them back to the compute dtype; weights_hash is unchanged by design."""
-    if os.path.exists(dst) and os.path.samefile(src, dst):
-        raise ValueError(f"{dst} is the checkpoint being exported; export to another path")
-    ckpt = load_checkpoint(src)
-    ckpt.pop("optimizer", None)
-    for key in [k for k in ("state_dict", "mtp_state_dict") if ckpt.get(k)]:
-        ckpt[key] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt[key].items()}
-    save_checkpoint(dst, ckpt)
-    return ckpt
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Export checkpoints.")
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="SRC in bf16 without optimizer state, as in weights/")
-    e.add_argument("src")
-    e.add_argument("dst")
-    h = sub.add_parser("hf", help="z-lab DFlash folder OUT/dflash and, for a target of ours, "
-                       "its Qwen3 folder OUT/target")
-    h.add_argument("out")
-    h.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    p = argparse.ArgumentParser(description="hf OUT: the z-lab DFlash folder OUT/dflash and, for a "
+                                "target of ours, its Qwen3 folder OUT/target (interop.py)")
+    p.add_argument("command", choices=["hf"], help="the export (the only one)")
+    p.add_argument("out", help="the folder to write")
+    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
                    help="target checkpoint or Qwen3 folder (default: the committed one)")
-    h.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
+    p.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
     args = p.parse_args(argv)
     try:
-        if args.command == "export":
-            data.check_writable(args.dst)
-            export_checkpoint(args.src, args.dst)
-            print(f"exported {args.src} -> {args.dst} ({os.path.getsize(args.dst) / 1e6:.1f} MB)")
-            return
         target = load_target(args.target)
         dflash = load_drafter("dflash", target, args.weights or os.path.dirname(args.target)).dflash
         hf, zlab = os.path.join(args.out, "target"), os.path.join(args.out, "dflash")

@@ -58,7 +58,7 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     return torch.tensor(out)
 
 
-def get_distill_data(target, args, target_hash):
+def get_distill_data(target, args, target_hash, enc=None):
     """The cached data if every setting that shapes it (in the file name) matches, else built."""
     temps = args.distill_temperatures
     name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+"
@@ -68,7 +68,6 @@ def get_distill_data(target, args, target_hash):
         print(f"distill: reusing {path}")
         d = torch.load(path, weights_only=True)
         return d["train"], d["val"]
-    enc = load_tokenizer(args.target) if os.path.isdir(args.target) else None
     d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
                                    seed=args.seed + k, split=split, enc=enc)
          for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
@@ -146,6 +145,7 @@ def main(args):
         check_block_size(args)
     args.out_dir = args.out_dir or default_out_dir(args.target)
     th = weights_hash(target.cfg, target.state_dict())
+    hf_enc = load_tokenizer(args.target) if os.path.isdir(args.target) else None  # its own
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), "
           f"device {device}")
     if args.method == "mtp" and target.ckpt.get("mtp_state_dict"):  # load_drafter prefers them
@@ -156,7 +156,7 @@ def main(args):
         if ck.get("target_hash") != th:
             raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, not {th}")
     check_writable(path)
-    train, val = (x.to(device) for x in get_distill_data(target, args, th))  # (N, T) token ids
+    train, val = (x.to(device) for x in get_distill_data(target, args, th, hf_enc))  # (N, T) ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
 
     config = ck["config"] if ck else model_config(args)
@@ -197,10 +197,8 @@ def main(args):
         cos = 0.5 * (1 + math.cos(math.pi * (frac - 0.04) / (1 - 0.04)))
         return args.lr * (frac / 0.04 if frac < 0.04 else cos)
     train_loop(args, model, opt, params, lr_at, train_step, report, fields, path, ck, resume)
-    short = lambda p: os.path.abspath(p) if os.path.relpath(p).split(os.sep)[0] == os.pardir \
-        else os.path.relpath(p)  # relative, unless that climbs out of here (no ../../tmp/...)
-    print(f"measure it: python bench.py --target {short(args.target)} --weights "
-          f"{short(args.out_dir)} --methods {args.method}")
+    print(f"measure it: python bench.py --target {args.target} --weights {args.out_dir} "
+          f"--methods {args.method}")  # the paths as given
 
 
 def get_parser():

@@ -24,8 +24,9 @@ import torch
 
 import checkpoint
 import speculate
-from checkpoint import (METHODS, export_checkpoint, get_device, load_checkpoint, load_target,
+from checkpoint import (METHODS, get_device, load_checkpoint, load_target,
                         save_checkpoint, weights_hash)
+from dev.export_weights import export_checkpoint
 from data import MASK, WEIGHTS_DIR, DefaultsHelp, check_writable, get_encoding, reference_prompts
 from draft_diffusion import DFlash
 from model import Config

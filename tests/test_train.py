@@ -13,7 +13,8 @@ import torch
 import data
 import mtp
 import train
-from checkpoint import export_checkpoint, load_checkpoint, load_target, save_checkpoint
+from checkpoint import load_checkpoint, load_target, save_checkpoint
+from dev.export_weights import export_checkpoint
 from test_model import save_tiny, tiny_model
 
 SMALL = ["--seq-len", "16", "--batch-size", "2", "--eval-batches", "1", "--threads", "1",
@@ -340,7 +341,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
     committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
     for cmd in (TINY + ["--max-steps", "1", "--out-path", str(tmp_path)],
                 MTP + ["--max-steps", "1", "--out-dir", str(tmp_path / "a_file")],
-                ["checkpoint.py", "export", committed, str(tmp_path)]):
+                ["dev/export_weights.py", committed, str(tmp_path)]):
         rc, out, err = run_script(*cmd, cwd=tmp_path)
         assert rc == 1 and str(tmp_path) in err, err[-800:]
         assert "step" not in out and "distill" not in out, out[-800:]  # nothing ran first
