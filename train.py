@@ -28,13 +28,15 @@ from model import PRESETS, Config, Transformer
 from mtp import MTP
 
 DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
+WEIGHT_DECAY, MTP_LAMBDA = 0.1, 0.3  # AdamW's on matrices only; native MTP's loss weight (/ D)
 
 
 def get_batch(tokens, batch_size, seq_len, gen, device):
     """Random windows of seq_len+1 tokens from a token memmap -> (B, T+1) int64."""
     ix = torch.randint(len(tokens) - seq_len, (batch_size,), generator=gen).tolist()
-    x = np.stack([tokens[i:i + seq_len + 1].astype(np.int64) for i in ix])
-    return torch.from_numpy(x).to(device)
+    x = torch.from_numpy(np.stack([tokens[i:i + seq_len + 1].astype(np.int64) for i in ix]))
+    # pinned, the copy to a GPU need not wait for the steps queued before it (a pageable one does)
+    return (x.pin_memory() if torch.cuda.is_available() else x).to(device, non_blocking=True)
 
 
 def lr_at(frac, step, args):
@@ -60,7 +62,7 @@ def evaluate(model, batches, enc):
 def check_args(args, names, zero_ok=(), positive=()):
     """names >= 1, zero_ok >= 0, positive > 0, and the flags both scripts share; NaN is refused."""
     names, positive = ("batch_size", "eval_every", *names), ("minutes", "lr", *positive)
-    zero_ok = ("threads", "max_steps", "save_minutes", "weight_decay", "mtp_lambda", *zero_ok)
+    zero_ok = ("threads", "max_steps", "save_minutes", *zero_ok)
     for name, rule, ok in ([(n, ">= 1", lambda v: v >= 1) for n in names]
                            + [(n, ">= 0", lambda v: v >= 0) for n in zero_ok]
                            + [(n, "> 0", lambda v: v > 0) for n in positive]):
@@ -147,12 +149,12 @@ def main(args):
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
     if not 1 <= seq_len <= cfg.max_seq_len:
         raise ValueError(f"--seq-len must be in 1..{cfg.max_seq_len} (the context), got {seq_len}")
-    train_tok, val_tok = data.load_tokens("train"), data.load_tokens("val")
+    train_tok, val_tok = (data.load_tokens(s, corpus=args.corpus) for s in ("train", "val"))
     model = Transformer(cfg).to(device)
     mtp_mod = MTP(cfg, args.mtp_depth).to(device) if args.mtp_depth else None
     params = list(model.parameters()) + (list(mtp_mod.parameters()) if mtp_mod else [])
     matrices = [p for p in params if p.dim() >= 2]  # weight decay on these, not the RMSNorm gains
-    opt = torch.optim.AdamW([dict(params=matrices, weight_decay=args.weight_decay),
+    opt = torch.optim.AdamW([dict(params=matrices, weight_decay=WEIGHT_DECAY),
                              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
                             lr=args.lr, betas=(0.9, 0.95))
     if mtp_mod is not None and ck and ck.get("mtp_state_dict"):
@@ -175,7 +177,7 @@ def main(args):
             logits, hidden = model(xy[:, :-1], hidden_layers=(cfg.n_layer,) if mtp_mod else ())
             loss = F.cross_entropy(logits.flatten(0, 1).float(), xy[:, 1:].flatten())
             mtps = mtp_mod.losses(model, xy, hidden[0])[0] if mtp_mod else []
-        total = loss + args.mtp_lambda / args.mtp_depth * sum(mtps) if mtps else loss
+        total = loss + MTP_LAMBDA / args.mtp_depth * sum(mtps) if mtps else loss
         mtp_s = lambda: " | mtp " + " ".join(f"{l.item():.2f}" for l in mtps) if mtps else ""
         return total, lambda: f"train {loss.item():.3f}{mtp_s()}"
 
@@ -197,6 +199,8 @@ def get_parser():
                    "out/<preset>/target.pt; e.g. out/cpu/draft.pt for the draft model)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
                    help="continue the run from its .run.pt (or finished checkpoint), or FILE")
+    g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D, mtp.py)")
+    g.add_argument("--corpus", default="small", choices=data.CORPORA, help="data.py's corpus")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
     g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batches")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
@@ -208,10 +212,6 @@ def get_parser():
     g.add_argument("--seq-len", type=int, default=None, help="default: the preset's context")
     g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     g.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up to the peak lr")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW's, on matrices only")
-    g = p.add_argument_group("multi-token prediction (mtp.py)")
-    g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D) to train")
-    g.add_argument("--mtp-lambda", type=float, default=0.3, help="MTP loss weight (over D)")
     g = p.add_argument_group("logging, evaluation and saving")
     g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
@@ -222,8 +222,7 @@ def get_parser():
 
 if __name__ == "__main__":
     args = get_parser().parse_args()
-    if args.minutes is None:
-        args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0)
+    args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0) if args.minutes is None else args.minutes
     try:
         main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (flag, device, checkpoint): one line

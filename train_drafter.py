@@ -35,11 +35,12 @@ from train import check_args, load_run, train_loop
 
 @torch.no_grad()
 def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0, split="train",
-                       batch=32, enc=None):
-    """(N, prompt_len + gen_len) int64: corpus windows continued by the target, the batches
-    cycling through the temperatures, with progress and ETA. enc: the target's own tokenizer
-    when it is not ours (a Hugging Face folder): windows are re-encoded with it."""
-    tokens = data.load_tokens(split)
+                       batch=32, enc=None, corpus="small"):
+    """(N, prompt_len + gen_len) int64: windows of data.py's corpus continued by the target, the
+    batches cycling through the temperatures, with progress and ETA. enc: the target's own
+    tokenizer when it is not ours (a Hugging Face folder): windows are re-encoded with it."""
+    tokens = data.load_tokens(split, corpus=corpus)
+    batch = min(batch, -(-n_seqs // len(temperatures)))  # a batch per temperature at least
     g, out, t0 = torch.Generator().manual_seed(seed), [], time.time()
     for i in range(0, n_seqs, batch):
         ix = torch.randint(len(tokens) - prompt_len, (min(batch, n_seqs - i),), generator=g)
@@ -60,17 +61,17 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
 
 def get_distill_data(target, args, target_hash, enc=None):
     """The cached data if every setting that shapes it (in the file name) matches, else built."""
-    temps = args.distill_temperatures
-    name = (f"distill_{target_hash}_{args.n_seqs}+{args.n_val_seqs}_{args.prompt_len}+"
-            f"{args.gen_len}_T{'-'.join(f'{t:g}' for t in temps)}_seed{args.seed}.pt")
+    a, temps = args, args.distill_temperatures
+    name = (f"distill_{target_hash}_{a.corpus}_{a.n_seqs}+{a.n_val_seqs}_{a.prompt_len}+{a.gen_len}"
+            f"_T{'-'.join(f'{t:g}' for t in temps)}_b{a.distill_batch}_seed{a.seed}.pt")
     path = os.path.join(args.out_dir, name)
     if os.path.exists(path):  # whole: save_checkpoint writes a temp file, then renames it
         print(f"distill: reusing {path}")
         d = torch.load(path, weights_only=True)
         return d["train"], d["val"]
-    d = {split: build_distill_data(target, n, args.prompt_len, args.gen_len, temps,
-                                   seed=args.seed + k, split=split, enc=enc)
-         for k, (split, n) in enumerate([("train", args.n_seqs), ("val", args.n_val_seqs)])}
+    d = {split: build_distill_data(target, n, a.prompt_len, a.gen_len, temps, seed=a.seed + k,
+                                   split=split, batch=a.distill_batch, enc=enc, corpus=a.corpus)
+         for k, (split, n) in enumerate([("train", a.n_seqs), ("val", a.n_val_seqs)])}
     save_checkpoint(path, d)
     return d["train"], d["val"]
 
@@ -132,8 +133,8 @@ def apply_recipe(args):
 
 def main(args):
     apply_recipe(args)
-    check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "mtp_depth", "ttt_steps",
-                      "dflash_layers", "anchors"], positive=["loss_decay"])
+    check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_batch", "mtp_depth",
+                      "ttt_steps", "dflash_layers", "anchors"], positive=["loss_decay"])
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)
@@ -171,13 +172,12 @@ def main(args):
         train_feats, val_feats = feats(train), feats(val)
     print(f"target features of layers {layers}: {tuple(train_feats.shape)} train, "
           f"{tuple(val_feats.shape)} val, in {time.time() - t0:.0f} s")
-    # betas as train.py's; the light weight decay (train.py's default is 0.1) was not swept
+    # betas as train.py's; the light weight decay (train.py's WEIGHT_DECAY is 0.1) was not swept
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     per_epoch, acc = max(1, len(train) // args.batch_size), None  # the rest sits out an epoch
 
     def train_step(step):
-        # the data order is a function of (seed, epoch), so a resumed run needs no state for it
-        epoch, j = divmod(step, per_epoch)
+        epoch, j = divmod(step, per_epoch)  # the order is (seed, epoch)'s: a resume needs no state
         order = torch.Generator().manual_seed(args.seed + epoch)
         perm = torch.randperm(len(train), generator=order)
         idx = perm[j * args.batch_size:(j + 1) * args.batch_size].to(device)
@@ -212,13 +212,14 @@ def get_parser():
     p.add_argument("--seed", type=int, default=0, help="seed of the data, weights and anchors")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
     g = p.add_argument_group("self-distillation data")
+    g.add_argument("--corpus", default="small", choices=data.CORPORA, help="of the prompts")
     g.add_argument("--n-seqs", type=int, default=1024, help="training prompts to continue")
     g.add_argument("--n-val-seqs", type=int, default=64, help="held-out ones (the val split)")
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens generated per prompt")
     g.add_argument("--distill-temperatures", default="0,1",  # argparse parses the default too
-                   type=lambda text: [float(t) for t in text.split(",")],
-                   help="cycled over the generation batches of 32 continuations")
+                   type=lambda text: [float(t) for t in text.split(",")], help="cycled per batch")
+    g.add_argument("--distill-batch", type=int, default=32, help="continuations generated at once")
     g = p.add_argument_group("training")
     g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
     g.add_argument("--max-steps", type=int, default=0, help="step limit (0: the clock only)")

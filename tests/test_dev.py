@@ -2,13 +2,15 @@
 Tests of the developer tools in dev/ (off the reading path): the CPU emulator of CUDA
 (dev/emu.h) on programs of its own and on a kernel with its grid capped, `python dev/emu.py
 --run`, the nvcc compile check of the .cu files (skipped without nvcc), the GPU script
-dev/gpu_check.sh and the attention probe dev/sdpa_probe.py.
+dev/gpu_check.sh and dev/h200_train.sh and the attention probe dev/sdpa_probe.py.
 
     python -m pytest -q tests/test_dev.py
 """
 
+import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -231,6 +233,72 @@ def test_gpu_check_fits_one_device_call_and_names_real_modules():
         flags = flags.replace("$W", "/w").replace("$m", "dflash").replace('"', "").split()
         args = smoke[f].parse_args(flags)
         assert args.device == "cuda" and args.max_steps > 0
+
+
+def h200_dry_run(tmp_path, **env):
+    """The commands dev/h200_train.sh would run, printed by DRY_RUN=1 and parsed: [(step, its
+    limit in s, the script it runs, its parsed flags)] for train.py, train_drafter.py, bench.py."""
+    import bench
+    import train
+    import train_drafter
+    parsers = {"train.py": train.get_parser(), "train_drafter.py": train_drafter.get_parser(),
+               "bench.py": bench.get_parser()}
+    r = subprocess.run(["bash", os.path.join(DEV, "h200_train.sh"), str(tmp_path / "log")],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
+    assert r.returncode == 0, r.stderr
+    runs = []
+    for m in re.finditer(r"^== (\S+) \(at most (\d+) s\): (.*)$", r.stdout, flags=re.M):
+        argv = shlex.split(m[3])
+        if len(argv) > 1 and argv[0] == sys.executable and argv[1] in parsers:
+            runs.append((m[1], int(m[2]), argv[1], parsers[argv[1]].parse_args(argv[2:])))
+    assert not (tmp_path / "log").exists()  # a dry run writes nothing
+    return runs
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
+    """dev/h200_train.sh (issue 52) is one device call: its step limits add up to less than 600 s,
+    every training budget fits its step, every drafter run reuses the one distilled data set,
+    the files it brings back are at most 8 (the bf16 weights in parts of 15 MiB), and every
+    command parses, at full size and with TINY=1 (a typo would cost the GPU lease)."""
+    script = open(os.path.join(DEV, "h200_train.sh")).read()
+    limits = [int(line.split()[2]) for line in script.splitlines()
+              if line.startswith(("step ", "par "))]
+    assert len(limits) == 7 and sum(limits) <= 580, limits
+    assert "from dev.export_weights import export_checkpoint" in script
+    # bf16 weights the size of the committed ones, in 15 MiB parts, beside the other files
+    names = set(re.findall(r'\$LOG/([\w.-]+)', script))
+    assert "weights.tar.part-" in names and "15m" in script, names
+    size = sum(os.path.getsize(os.path.join(kernels.HERE.parent, "weights", "cpu", f))
+               for f in ("target.pt", "draft.pt", "mtp.pt", "eagle.pt", "dflash.pt"))
+    assert len(names) - 1 + math.ceil(size / 15 / 2**20) <= 8, names
+
+    runs = h200_dry_run(tmp_path)
+    by_step = {}
+    for name, limit, script_name, args in runs:
+        by_step.setdefault(name.split("/")[0], []).append((name, limit, script_name, args))
+        assert args.device == "cuda", name
+        if script_name != "bench.py":
+            assert args.corpus == "all", name
+        if script_name != "bench.py" and not args.max_steps:  # + start-up and the final save
+            assert args.minutes * 60 + 15 <= limit, name
+    (_, _, _, target), = by_step["target"]
+    # the issue's 200M tokens at the low end of the script's guess, 1.5M tokens/s
+    assert target.preset == "cpu" and target.minutes * 60 * 1.5e6 >= 200e6
+    assert {a.preset for _, _, f, a in by_step["distill"] if f == "train.py"} == {"cpu-draft"}
+    drafters = [a for _, _, f, a in runs if f == "train_drafter.py"]
+    assert sorted(a.method for a in drafters) == ["dflash", "eagle", "mtp", "mtp"]
+    distill = lambda a: (a.target, a.out_dir, a.corpus, a.n_seqs, a.n_val_seqs, a.prompt_len,
+                         a.gen_len, tuple(a.distill_temperatures), a.distill_batch, a.seed)
+    assert len({distill(a) for a in drafters}) == 1  # built once, by the distill step
+    assert all(a.target == target.out_path for a in drafters)
+    (_, _, _, b), = by_step["bench"]
+    assert b.target.endswith("weights/target.pt") and b.json.startswith(str(tmp_path / "log"))
+
+    tiny = h200_dry_run(tmp_path, TINY="1", DEVICE="cpu")
+    assert len(tiny) == len(runs) and all(a.device == "cpu" for *_, a in tiny)
+    assert all(a.max_steps > 0 for _, _, f, a in tiny if f != "bench.py")
 
 
 def test_sdpa_probe_runs_and_checks_enable_gqa_against_expanded_heads(capsys, monkeypatch):

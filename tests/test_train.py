@@ -223,9 +223,10 @@ def test_native_mtp_loss_weight_is_lambda_over_depth(tmp_path, monkeypatch):
         return r
     monkeypatch.setattr(torch.Tensor, "backward", backward)
     monkeypatch.setattr(mtp.MTP, "losses", losses)
-    for lam in ("0", "0.6"):
+    for lam in (0.0, 0.6):
+        monkeypatch.setattr(train, "MTP_LAMBDA", lam)
         train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "1", "--mtp-depth", "2",
-                            "--mtp-lambda", lam, "--out-path", str(tmp_path / f"t{lam}.pt")))
+                            "--out-path", str(tmp_path / f"t{lam}.pt")))
     assert mtps[0] == pytest.approx(mtps[1])  # same seed, same first batch
     assert totals[1] - totals[0] == pytest.approx(0.6 / 2 * mtps[1], rel=1e-4)
 
@@ -252,9 +253,9 @@ def test_decay_only_on_matrices_and_the_clip_covers_the_mtp_heads(tmp_path, monk
     monkeypatch.setattr(torch.optim.AdamW, "__init__", init)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     monkeypatch.setattr(mtp.MTP, "__init__", mtp_init)
-    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--mtp-depth", "1",
-                        "--weight-decay", "0.3"))
-    decayed = {id(p) for g in groups if g["weight_decay"] == 0.3 for p in g["params"]}
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--mtp-depth", "1"))
+    decayed = {id(p) for g in groups if g["weight_decay"] == train.WEIGHT_DECAY > 0
+               for p in g["params"]}
     kept = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
     params = [p for g in groups for p in g["params"]]
     assert decayed and kept
@@ -264,6 +265,24 @@ def test_decay_only_on_matrices_and_the_clip_covers_the_mtp_heads(tmp_path, monk
     clip_ids = {id(p) for p in clipped[0][0]}
     assert {id(p) for p in heads[0].parameters()} <= clip_ids  # the heads are clipped
     assert clip_ids == decayed | kept  # every trained parameter
+
+
+def test_the_corpus_flag_picks_the_token_bins(tmp_path, monkeypatch, capsys):
+    """--corpus all trains and validates on data.py's broad corpus (out/data-all/), the default
+    on the small one, and the checkpoint's args record which."""
+    seen = []
+
+    def load_tokens(split, corpus="small"):
+        seen.append((split, corpus))
+        return np.arange(5000, dtype=np.uint16) % 4000
+    monkeypatch.setattr(data, "load_tokens", load_tokens)
+    for corpus in ([], ["--corpus", "all"]):
+        train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "1", *corpus))
+    assert seen == [("train", "small"), ("val", "small"), ("train", "all"), ("val", "all")]
+    assert load_checkpoint(str(tmp_path / "t.pt"))["args"]["corpus"] == "all"
+    with pytest.raises(SystemExit):
+        train.get_parser().parse_args(["--corpus", "big"])
+    assert "invalid choice: 'big'" in capsys.readouterr().err
 
 
 def test_get_batch_draws_windows_of_seq_len_plus_one_consecutive_tokens():
@@ -297,9 +316,7 @@ def test_check_args():
                          ({"warmup_steps": -5}, "--warmup-steps must be >= 0"),
                          ({"lr": -1.0}, "--lr must be > 0"), ({"lr": 0.0}, "--lr must be > 0"),
                          ({"save_minutes": -1.0}, "--save-minutes must be >= 0"),
-                         ({"save_minutes": nan}, "--save-minutes must be >= 0"),
-                         ({"weight_decay": -5.0}, "--weight-decay must be >= 0, got -5.0"),
-                         ({"mtp_lambda": nan}, "--mtp-lambda must be >= 0")]:
+                         ({"save_minutes": nan}, "--save-minutes must be >= 0")]:
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"],
                              zero_ok=["warmup_steps"])

@@ -215,17 +215,19 @@ def test_two_targets_sharing_an_out_dir_get_their_own_distillation_data(target_d
 
 @pytest.fixture
 def fake_distill(monkeypatch):
-    """No target: generate returns zeros and records its temperature and seed, load_tokens
-    returns a counting stream and records its split."""
-    seen = {"temperatures": [], "seeds": [], "splits": []}
+    """No target: generate returns zeros and records its temperature, seed and batch, load_tokens
+    returns a counting stream and records its split and corpus."""
+    seen = {"temperatures": [], "seeds": [], "splits": [], "corpora": [], "batches": []}
 
     def gen(target, prompts, drafter, *, max_new_tokens, temperature=0.0, seed=None, **kw):
         seen["temperatures"].append(temperature)
         seen["seeds"].append(seed)
+        seen["batches"].append(len(prompts))
         return [[0] * max_new_tokens for _ in prompts], {}
 
-    def load_tokens(split):
+    def load_tokens(split, corpus="small"):
         seen["splits"].append(split)
+        seen["corpora"].append(corpus)
         return np.arange(1000, dtype=np.uint16)
     monkeypatch.setattr(speculate, "generate", gen)
     monkeypatch.setattr(data, "load_tokens", load_tokens)
@@ -233,7 +235,7 @@ def fake_distill(monkeypatch):
 
 
 DISTILL = dict(n_seqs=4, n_val_seqs=2, prompt_len=4, gen_len=3, distill_temperatures=[0.0],
-               seed=0)
+               seed=0, corpus="small", distill_batch=32)
 
 
 def distill(tmp_path, **change):
@@ -245,6 +247,12 @@ def distill(tmp_path, **change):
 def test_distill_temperatures_cycle_per_batch(fake_distill):
     out = train_drafter.build_distill_data(None, 6, 4, 3, [0.0, 1.0], batch=2)
     assert out.shape == (6, 7) and fake_distill["temperatures"] == [0.0, 1.0, 0.0]
+
+
+def test_a_batch_larger_than_the_data_still_gives_every_temperature_its_batch(fake_distill):
+    """--distill-batch 2048 (a GPU's) over 6 held-out sequences: one batch would be all greedy."""
+    train_drafter.build_distill_data(None, 6, 4, 3, [0.0, 1.0], batch=2048)
+    assert fake_distill["temperatures"] == [0.0, 1.0] and fake_distill["batches"] == [3, 3]
 
 
 def test_each_distillation_batch_samples_with_its_own_seed(fake_distill):
@@ -276,12 +284,19 @@ def test_validation_distill_data_comes_from_the_val_split(fake_distill, tmp_path
     assert train.shape == (4, 7) and val.shape == (2, 7)
 
 
+def test_the_prompts_come_from_the_corpus_named(fake_distill, tmp_path):
+    distill(tmp_path, corpus="all")
+    assert fake_distill["corpora"] == ["all", "all"]
+    assert parse("dflash").corpus == "small" and parse("dflash", "--corpus", "all").corpus == "all"
+
+
 def test_distillation_data_is_rebuilt_when_a_setting_that_shapes_it_changes(fake_distill,
                                                                             tmp_path, capsys):
-    """Other temperatures, seed, counts or lengths make other data: reusing the cached file
-    would train on the wrong text without a word."""
+    """Other temperatures, seed, counts, lengths, corpus or generation batch make other data:
+    reusing the cached file would train on the wrong text without a word."""
     changes = [{}, {"distill_temperatures": [0.0, 1.0]}, {"seed": 1}, {"n_val_seqs": 3},
-               {"n_seqs": 6}, {"prompt_len": 5}, {"gen_len": 2}, {}]
+               {"n_seqs": 6}, {"prompt_len": 5}, {"gen_len": 2}, {"corpus": "all"},
+               {"distill_batch": 2}, {}]
     for change in changes:
         train, _ = distill(tmp_path, **change)
         a = {**DISTILL, **change}
