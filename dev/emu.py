@@ -74,7 +74,7 @@ def main(argv=None):
                     help="run a script (bench.py, sample.py ...) with the emulated kernels")
     ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = ap.parse_args(argv)
-    from dflash_kernels.__main__ import run
+    from dev.kernels_check import run
     try:
         ext = load(verbose=args.verbose)
     except Exception as e:

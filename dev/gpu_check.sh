@@ -7,7 +7,7 @@
 # everything printed, step by step, and the JSON of the three bench runs.
 #
 # 1. the GPU, driver, torch and nvcc versions
-# 2. python -m dflash_kernels: build, validate every op and kernel version, time fused vs reference
+# 2. python dev/kernels_check.py: build, validate every op and kernel version, time fused vs reference
 #    at B = 1 and B = 32
 # 3. the kernel tests (kernels == references, end-to-end dflash with the kernels on), without
 #    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU
@@ -63,7 +63,7 @@ command -v nvcc
 $PY -c 'from torch.utils import cpp_extension as c; import dflash_kernels as kernels
 h = c.CUDA_HOME; print(\"CUDA_HOME\", h, \"| link flags\", h and kernels._cudart_flags(h))'"
 step env 20 bash -c "$ENV_REPORT"
-step selfcheck 110 $PY -m dflash_kernels
+step selfcheck 110 $PY dev/kernels_check.py
 # -v: a step cut off by its limit still shows which test ran last. Left out: every test of the
 # CPU emulation (CI's stand-in for this GPU, and the only tests that feed the extension bad
 # arguments: on the H200 image (torch 2.11.0+cu130) a failing TORCH_CHECK whose message formats

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file (python dev/sdpa_probe.py)
     sys.path.insert(0, ROOT)
 from checkpoint import get_device
-from dflash_kernels.__main__ import median_ms
+from dev.kernels_check import median_ms
 from model import PRESETS
 
 BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,

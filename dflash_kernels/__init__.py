@@ -2,7 +2,7 @@
 The CUDA extension (DESIGN.md sec. 7, README.md): two fused ops, each with a PyTorch reference of
 the same signature beside its caller (draft_diffusion.kv_inject_ref, speculate.accept_scan_ref).
 Callers ask available(device) first: CUDA tensors only, by the extension built on first use into
-out/cuda_build/; DFLASH_CUDA_EXT=0 forces the references. Self-check: python -m dflash_kernels
+out/cuda_build/; DFLASH_CUDA_EXT=0 forces the references. Self-check: python dev/kernels_check.py
 """
 
 import os
@@ -19,7 +19,7 @@ BUILD_ROOT = HERE.parent / "out" / "cuda_build"  # out/ is git-ignored
 SOURCES = [HERE / "ext.cpp", HERE / "kv_inject.cu", HERE / "accept_scan.cu"]
 KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the caches kv_inject's kernel takes
 DEFAULT_VERSION = 2  # accept_scan's promoted greedy kernel (its header says why)
-VERBOSE = False      # show the compiler's output (python -m dflash_kernels --verbose)
+VERBOSE = False      # show the compiler's output (python dev/kernels_check.py --verbose)
 _ext = {}  # device type -> the built module serving its tensors, or None (dev/emu.py sets cpu)
 
 

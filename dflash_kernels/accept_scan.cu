@@ -11,7 +11,7 @@
 //           CDF from r = max(0, p_n - q_n) (p_{K+1} if n = K; p_n if r has no mass or slot n is
 //           empty): the first j with r_j > 0 and cdf_j > u_K * cdf_{V-1}, cdf in float32 (README).
 // kernel1: a block per row, up to the first mismatch (sampling's only kernel); kernel2 (greedy's
-// default): a block per (position, row); the row's last block scans. Run: python -m dflash_kernels
+// default): a block per (position, row); the row's last block scans. Check: dev/kernels_check.py
 
 #include <c10/core/ScalarType.h>  // with c10::Half, c10::BFloat16, CUDA_KERNEL_ASSERT
 #include <c10/cuda/CUDAException.h>

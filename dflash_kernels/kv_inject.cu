@@ -8,7 +8,7 @@
 //         offsets, counts  (B,) int64            counts[b] in [0, T_new]
 //         cos, sin         (P, D/2) float32      RoPE tables (model.rope_table)
 // kernel1: a thread per (l, b, t, h, i < D/2) rotation pair, grid-stride; no FMA: bit-exact with
-// the reference; a row out of bounds is skipped (device assert). Run: python -m dflash_kernels
+// the reference; a row out of bounds is skipped (device assert). Run: python dev/kernels_check.py
 
 #include <c10/core/ScalarType.h>  // with c10::Half, c10::BFloat16, CUDA_KERNEL_ASSERT
 #include <c10/cuda/CUDAException.h>

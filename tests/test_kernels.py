@@ -26,7 +26,7 @@ import torch
 import dflash_kernels as kernels
 from dev import emu as dev_emu
 from draft_diffusion import kv_inject_ref
-from dflash_kernels.__main__ import VERSIONS, make_accept_case, make_kv_case, mismatches
+from dev.kernels_check import VERSIONS, make_accept_case, make_kv_case, mismatches
 from model import apply_rope
 from speculate import accept_scan_ref
 
@@ -724,7 +724,7 @@ def test_dflash_end_to_end_emulated_kernels(emu, dtype, monkeypatch):
 
 
 # -----------------------------------------------------------------------------
-# the self-check, python -m dflash_kernels
+# the self-check, python dev/kernels_check.py
 
 def test_mismatches_counts_nan_against_a_number_both_ways():
     """The outputs start as NaN: a slot a kernel failed to write (NaN where the reference has a
@@ -741,7 +741,7 @@ def test_self_check_covers_every_op_version_and_shape(emu, capsys):
     """python dev/emu.py: each kernel version on the shapes the README promises (B = 1, 3, 7;
     K = 1, 15; V = 97, 4099, not multiples of 32), both cache dtypes, all three accept modes,
     greedy on float32 and on bfloat16 logits."""
-    import dflash_kernels.__main__ as selfcheck
+    import dev.kernels_check as selfcheck
     assert dev_emu.main([]) == 0
     out = capsys.readouterr().out
     rows = {tuple(line.split()[:4]) for line in out.splitlines()
@@ -779,7 +779,7 @@ class Broken:
 def test_self_check_fails_every_row_of_a_broken_module(emu, capsys):
     """A module that gets a token wrong and writes where it should not fails every row and the
     exit status; the rows test the dtypes they name."""
-    import dflash_kernels.__main__ as selfcheck
+    import dev.kernels_check as selfcheck
     broken = Broken(emu, "token")
     assert selfcheck.run(broken, "cpu", 0, tag="emu") == 1
     out = capsys.readouterr().out
@@ -790,7 +790,7 @@ def test_self_check_fails_every_row_of_a_broken_module(emu, capsys):
 def test_self_check_counts_a_wrong_n_accepted_and_a_stray_value_write(emu, capsys):
     """The rows must count every output: n_accepted as well as the token, and the V cache as
     well as the K cache."""
-    import dflash_kernels.__main__ as selfcheck
+    import dev.kernels_check as selfcheck
     assert selfcheck.run(Broken(emu, "n_and_v"), "cpu", 0, tag="emu") == 1
     out = capsys.readouterr().out
     assert "44 rows, 44 with mismatches" in out
@@ -799,7 +799,7 @@ def test_self_check_counts_a_wrong_n_accepted_and_a_stray_value_write(emu, capsy
 
 
 def test_self_check_without_a_gpu_says_so(monkeypatch, capsys):
-    import dflash_kernels.__main__ as selfcheck
+    import dev.kernels_check as selfcheck
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(kernels, "available", lambda d: pytest.fail("nothing to build here"))
     assert selfcheck.main([]) == 0
@@ -810,7 +810,7 @@ def test_self_check_without_a_gpu_says_so(monkeypatch, capsys):
 @pytest.mark.parametrize("argv,message", [(["--repeat", "-1"], "--repeat must be >= 1"),
                                           (["--op", "kv"], "invalid choice: 'kv'")])
 def test_self_check_refuses_bad_flags_in_one_line(argv, message):
-    r = subprocess.run([sys.executable, "-m", "dflash_kernels", *argv], cwd=kernels.HERE.parent,
+    r = subprocess.run([sys.executable, "dev/kernels_check.py", *argv], cwd=kernels.HERE.parent,
                        capture_output=True, text=True)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 

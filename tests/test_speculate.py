@@ -567,7 +567,7 @@ def test_an_empty_slot_scans_like_a_row_that_drafted_less(mode):
     first j drafts alone gives, with the same uniforms: the same count and the same token. So a
     row leaving slots empty beside rows that draft decodes as it would alone; at j = 0, as
     plain decoding. (make_accept_case also empties the last row's second half.)"""
-    from dflash_kernels.__main__ import make_accept_case
+    from dev.kernels_check import make_accept_case
     K, reached = 6, 0
     for seed in range(6):
         p, drafts, q, u = make_accept_case(4, K, 97, mode, seed=seed)

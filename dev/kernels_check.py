@@ -4,16 +4,20 @@ its PyTorch reference on random inputs of awkward shapes (B = 1, 3, 7; K = 1, 15
 multiple of 32; rows with nothing new or empty slots; caches full of NaN show missing or stray
 writes), then timed on the current GPU; exits non-zero on a mismatch. No GPU: python dev/emu.py.
 
-    python -m dflash_kernels [--op accept_scan] [--repeat 50]
+    python dev/kernels_check.py [--op accept_scan] [--repeat 50]
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a file (python dev/kernels_check.py)
+    sys.path.insert(0, ROOT)
 import dflash_kernels as kernels
 from draft_diffusion import kv_inject_ref
 from model import Config, rope_table
@@ -120,7 +124,7 @@ def run(ext, device, repeat, op="all", tag="", big=False):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dflash_kernels", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python dev/kernels_check.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", choices=["all", "kv_inject", "accept_scan"], default="all")
     ap.add_argument("--repeat", type=int, default=100, help="timed runs per row (default: 100)")
