@@ -9,6 +9,7 @@ another target's is skipped with the command that trains it.
     python dev/plot.py out/bench.json docs/bench_cpu.svg       # that JSON as an SVG chart
     python bench.py --target out/cpu/target.pt      # your own target, its drafters beside it
     python bench.py --prompts my.jsonl --batch-size 4 --continuous  # your prompts, batched
+    python bench.py --prompts weights/ood_prompts.jsonl --n-prompts 10  # packages no corpus has
 
 One batch size per run: dev/sweep.py sweeps it (--option batch_size=1,4,16), or a drafter option.
 """
@@ -207,7 +208,8 @@ def get_parser():
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method")
     g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median counts")
     g.add_argument("--prompts", help="a file: JSON lines with a \"prompt\", or blank-line blocks")
-    g.add_argument("--n-prompts", type=int, default=10, help="how many of the committed prompts")
+    g.add_argument("--n-prompts", type=int, help="the first N prompts (default: 10 of the "
+                   "committed held-out ones, all of a --prompts file)")
     g = p.add_argument_group("model, device and output")
     g.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
                    help="checkpoint or Hugging Face folder")
@@ -253,8 +255,8 @@ def main(argv=None):
     temps, methods, opts = check_args(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     source = args.prompts or "held-out prompts (weights/heldout_prompts.jsonl)"
-    texts = (checked(data.read_prompts_file, args.prompts) if args.prompts
-             else checked(data.reference_prompts, args.n_prompts))
+    texts = (checked(data.read_prompts_file, args.prompts)[:args.n_prompts] if args.prompts
+             else checked(data.reference_prompts, args.n_prompts or 10))
     if (rows := args.batch_size) > len(texts):  # else a batch that never ran
         die(f"a batch of {rows} rows needs at least {rows} prompts, and there are {len(texts)}"
             + (f" in {args.prompts}" if args.prompts else " (see --n-prompts)"))

@@ -22,6 +22,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
 WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed checkpoints, weights/<preset>/
 PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's default prompts
+# whole packages in no split of any corpus: the out-of-domain prompts, bench --prompts ood
+OOD_PACKAGES = ("networkx", "rich", "werkzeug")
+OOD_PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "ood_prompts.jsonl")
 N_REFERENCE_PROMPTS = 256
 REFERENCE_VERSIONS = ("3.11.7", "2.13.0", "2.4.6")  # Python, torch, numpy of the committed draw
 DATA_OUT = os.path.join(ROOT, "out")  # the bins: a cache all runs share, in the ignored out/
@@ -61,8 +64,9 @@ def sha1_of(path):
 
 @functools.lru_cache()
 def corpus_files(corpus="small"):
-    """{"train": [...], "val": [...]} of (key, path) in a fixed order: the stdlib, torch and
-    numpy, each sorted by key; for "all" then the other installed files, sorted by key."""
+    """{"train": [...], "val": [...], "ood": [...]} of (key, path) in a fixed order: the stdlib,
+    torch and numpy, each sorted by key; for "all" then the other installed files, sorted by key,
+    those of OOD_PACKAGES in "ood" (never trained on, never in "val")."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     roots = [("stdlib", sysconfig.get_paths()["stdlib"])] + [  # find_spec does not import
@@ -78,10 +82,11 @@ def corpus_files(corpus="small"):
             if key not in known and (h := sha1_of(path)) not in seen:
                 seen.add(h)
                 files.append((key, path))
-    split = {"train": [], "val": []}
+    split = {"train": [], "val": [], "ood": []}
     for key, path in files:  # sha1, not Python's hash(): the split must not change between runs
         h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-        split["val" if h % 1000 < VAL_PER_MILLE else "train"].append((key, path))
+        ood = key.split("/")[0] in OOD_PACKAGES
+        split["ood" if ood else "val" if h % 1000 < VAL_PER_MILLE else "train"].append((key, path))
     return split
 
 def read_texts(files):
@@ -144,7 +149,7 @@ def prepare(out_dir=DATA_OUT, rebuild=False, corpus="small"):
 def _prepare(out_dir, rebuild, corpus="small"):
     data_dir = os.path.join(out_dir, "data" if corpus == "small" else f"data-{corpus}")
     meta_path, files = os.path.join(data_dir, "meta.json"), corpus_files(corpus)
-    listing = json.dumps({s: [k for k, _ in v] for s, v in files.items()}).encode()
+    listing = json.dumps({s: [k for k, _ in files[s]] for s in ("train", "val")}).encode()
     fingerprint, tok_hash = hashlib.sha256(listing).hexdigest()[:12], tokenizer_hash()
     paths = {s: os.path.join(data_dir, f"{s}.bin") for s in ("train", "val")}
     if os.path.exists(meta_path) and not rebuild:
@@ -162,7 +167,7 @@ def _prepare(out_dir, rebuild, corpus="small"):
     meta = {"corpus": corpus, "tokenizer_hash": tok_hash, "corpus_fingerprint": fingerprint,
             "paths": paths, "files": {}, "bytes": {}, "tokens": {}}
     t0 = time.time()
-    for split, split_files in files.items():
+    for split, split_files in ((s, files[s]) for s in ("train", "val")):
         texts, n_files, n_bytes, n_tokens = read_texts(split_files), 0, 0, 0
         # a .tmp renamed at the end (no half bin if interrupted); 256 files at a time (flat memory)
         with open(paths[split] + ".tmp", "wb") as f:
@@ -187,12 +192,13 @@ def load_tokens(split, out_dir=DATA_OUT, corpus="small"):
     return np.memmap(prepare(out_dir, corpus=corpus)["paths"][split], dtype=np.uint16, mode="r")
 
 # ----------------------------------------------------------------------------- prompts
-def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small"):
-    """n (prompt, real continuation) pairs cut from held-out files at a `def`/`class` line: the
-    prompt is that line and the next three, the continuation the 1,500 characters that really
-    follow. One sample per file per round, so they spread across files."""
+def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small", split="val"):
+    """n (prompt, real continuation) pairs cut from held-out files (split "val", or "ood": the
+    OOD_PACKAGES, found by corpus "all") at a `def`/`class` line: the prompt is that line and the
+    next three, the continuation the 1,500 characters that really follow. One sample per file per
+    round, so they spread across files."""
     enc, rng, per_file = get_encoding(), random.Random(seed), []
-    for _, text in read_texts(corpus_files(corpus)["val"]):
+    for _, text in read_texts(corpus_files(corpus)[split]):
         lines = text.splitlines(keepends=True)
         offsets = np.cumsum([0] + [len(l) for l in lines])
         cands = []
@@ -216,8 +222,8 @@ def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small"):
     print(f"data: only {len(out)} held-out samples available (asked for {n})")
     return out
 
-def heldout_prompts(n, seed=0, corpus="small"):
-    return [p for p, _ in heldout_samples(n, seed=seed, corpus=corpus)]
+def heldout_prompts(n, seed=0, corpus="small", split="val"):
+    return [p for p, _ in heldout_samples(n, seed=seed, corpus=corpus, split=split)]
 
 def reference_prompts(n):
     """The first n committed held-out prompts, bench's default: what heldout_prompts drew with

@@ -1,6 +1,7 @@
 """
 The two files a developer makes once and commits, which the engine only reads (data.py): the
-BPE ranks tokenizer.tiktoken and bench's prompts weights/heldout_prompts.jsonl.
+BPE ranks tokenizer.tiktoken and bench's prompts weights/heldout_prompts.jsonl (and
+ood_prompts.jsonl, from whole packages no corpus holds: data.OOD_PACKAGES).
 
 The tokenizer is a byte-level BPE (Sennrich et al., arXiv 1508.07909; GPT-2 style: ranks 0..255
 are the bytes, merges follow in order), trained on data.py's corpus pre-split by its regex and
@@ -9,7 +10,7 @@ def/class cuts that data.heldout_prompts draws.
 
     python dev/tokenizer.py --train-tokenizer      # retrain tokenizer.tiktoken (~1 min)
     python dev/tokenizer.py --train-tokenizer --vocab-size 512 --bpe-every 20 --out /tmp/t.tiktoken
-    python dev/tokenizer.py --write-prompts        # redraw weights/heldout_prompts.jsonl
+    python dev/tokenizer.py --write-prompts        # redraw weights/*_prompts.jsonl
 
 Both read this machine's Python, torch and numpy sources: with data.REFERENCE_VERSIONS and the
 default flags they write the committed bytes again; other versions write other files, and a
@@ -136,7 +137,8 @@ if __name__ == "__main__":
     g = parser.add_argument_group("what to make").add_mutually_exclusive_group()
     g.add_argument("--train-tokenizer", action="store_true", help="retrain the BPE ranks")
     g.add_argument("--write-prompts", action="store_true", help="only redraw weights/"
-                   f"heldout_prompts.jsonl: this machine's first {data.N_REFERENCE_PROMPTS}")
+                   f"heldout_prompts.jsonl and ood_prompts.jsonl (data.OOD_PACKAGES): this "
+                   f"machine's first {data.N_REFERENCE_PROMPTS}")
     parser.add_argument("--corpus", choices=data.CORPORA, default="small",
                         help="the corpus to train on and draw from (see data.py)")
     g = parser.add_argument_group("tokenizer")
@@ -158,11 +160,12 @@ if __name__ == "__main__":
     if here != data.REFERENCE_VERSIONS:  # the corpus is these packages' sources
         print(f"NOTE: Python, torch, numpy {here} are not the committed files' "
               f"{data.REFERENCE_VERSIONS}: expect other ranks and prompts")
-    if args.write_prompts:
-        prompts = data.heldout_prompts(data.N_REFERENCE_PROMPTS, corpus=args.corpus)
-        data.write_atomic(data.PROMPTS_PATH,
-                          "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        print(f"wrote {len(prompts)} prompts to {data.PROMPTS_PATH}")
+    if args.write_prompts:  # the held-out files of args.corpus, and the OOD_PACKAGES
+        for path, corpus, split in ((data.PROMPTS_PATH, args.corpus, "val"),
+                                    (data.OOD_PROMPTS_PATH, "all", "ood")):
+            prompts = data.heldout_prompts(data.N_REFERENCE_PROMPTS, corpus=corpus, split=split)
+            data.write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+            print(f"wrote {len(prompts)} prompts to {path}")
     else:
         files = data.corpus_files(args.corpus)
         print(f"corpus: {args.corpus}, {len(files['train'])} train / {len(files['val'])} val "

@@ -79,6 +79,16 @@ def test_smoke_json(weights, prompts_file, tmp_path, capsys):
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
 
 
+def test_n_prompts_takes_the_first_of_a_prompts_file(weights, prompts_file, capsys):
+    """--n-prompts 1 runs the file's first prompt only (a file's default is all of it)."""
+    args = ["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
+            "--prompts", str(prompts_file), "--max-new-tokens", "3"]
+    for extra, n in (([], 2), (["--n-prompts", "1"], 1)):
+        rows = bench.main(args + extra)
+        assert rows[0]["new_tokens"] == 3 * n
+        assert f"prompts   {n} from {prompts_file}" in capsys.readouterr().out
+
+
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
     """One row taking the two prompts in turn decodes each as the fixed batches of one do: the
     same tokens (lossless against ar), tau and target passes (a refill is a prefill)."""

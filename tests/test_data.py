@@ -333,6 +333,31 @@ def test_the_broad_corpus_adds_new_contents_once_in_a_fixed_order(tmp_path, monk
         data.corpus_files.__wrapped__("everything")
 
 
+def test_ood_packages_are_in_no_split_of_any_corpus(tmp_path, monkeypatch):
+    """A package of OOD_PACKAGES goes to "ood" whole, never to train or val."""
+    fake_install(tmp_path, monkeypatch)
+    monkeypatch.setattr(data, "OOD_PACKAGES", ("pkg",))
+    files = data.corpus_files.__wrapped__("all")
+    assert [k for k, _ in files["train"]] == ["stdlib/a.py", "other.py", "top.py"]
+    assert [k for k, _ in files["ood"]] == ["pkg/unique.py"] and files["val"] == []
+
+
+def test_committed_ood_prompts_come_from_packages_no_corpus_trains_on():
+    """weights/ood_prompts.jsonl: cuts of this machine's OOD_PACKAGES files, none of which is in
+    a train split; the first ten (bench's --n-prompts 10) come from more than one package."""
+    prompts = data.read_prompts_file(data.OOD_PROMPTS_PATH)
+    assert len(prompts) == data.N_REFERENCE_PROMPTS
+    files = data.corpus_files("all")
+    roots = {k.split("/")[0] for s in ("train", "val") for k, _ in files[s]}
+    assert not roots & set(data.OOD_PACKAGES)
+    texts = {k.split("/")[0]: "" for k, _ in files["ood"]}
+    for k, t in data.read_texts(files["ood"]):
+        texts[k.split("/")[0]] += t
+    if len(texts) == len(data.OOD_PACKAGES):  # all three installed here: where each prompt is
+        homes = [next(pk for pk, t in texts.items() if p in t) for p in prompts]
+        assert len(set(homes[:10])) > 1
+
+
 def test_site_dirs_hold_the_installed_packages():
     dirs = data.site_dirs()
     assert dirs and all(os.path.isdir(d) for d in dirs) and len(dirs) == len(set(dirs))
@@ -352,8 +377,8 @@ def test_the_broad_corpus_holds_other_packages_and_keeps_small_as_its_prefix():
     assert not {k for split in small.values() for k, _ in split} & {"tiktoken/core.py"}
     assert len(keys) > 2 * len(small["train"])
     # the split is the hash of the key here too, so a file is held out in both corpora or neither
-    for split, files in broad.items():
-        for key, _ in files:
+    for split in ("train", "val"):  # ("ood" is whole packages: test_ood_packages_...)
+        for key, _ in broad[split]:
             h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % 1000
             assert (h < data.VAL_PER_MILLE) == (split == "val"), key
     # no content twice among the files the broad corpus adds, nor one that small already has
@@ -378,7 +403,7 @@ def test_the_default_corpus_is_the_one_the_committed_weights_were_trained_on():
     files = data.corpus_files()
     assert files == data.corpus_files("small")
     assert (len(files["train"]), len(files["val"])) == (3074, 59)
-    listing = json.dumps({s: [k for k, _ in v] for s, v in files.items()}).encode()
+    listing = json.dumps({s: [k for k, _ in files[s]] for s in ("train", "val")}).encode()
     assert hashlib.sha256(listing).hexdigest()[:12] == "132cd53d68a3"  # meta.json's fingerprint
 
 
