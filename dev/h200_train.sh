@@ -21,8 +21,8 @@
 # The steps, their limits (570 s in all) and what each should take. NOTHING HERE HAS RUN ON A
 # GPU: the times are guesses from the sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
-# 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 209 MB of
-#    source, 65.2M train tokens, in 32 s, one core busy (tiktoken's threads gave nothing), so
+# 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 204 MB of
+#    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-32 s, one core busy (tiktoken's threads gave nothing), so
 #    ~7 MB/s. The H200 image holds more packages (jax, flax, pandas, scikit-learn, statsmodels,
 #    numba, ...): guess 300-400 MB, 95-125M tokens, 45-60 s.
 # 3. target 185 s: the `cpu` preset on the broad corpus, batch 256 x 384 tokens (98k a step),
