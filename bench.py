@@ -49,17 +49,17 @@ def run(target, drafter, prompts, K, temperature, args, batch_size):
     prompt as they finish), timed as a whole; seeds follow the batch. -> outputs, stats."""
     sync = torch.cuda.synchronize if target.head.weight.is_cuda else lambda: None
     outs, per_prompt = [], []  # per_prompt: (new tokens, row passes) of each prompt
-    st = dict(verify_passes=0, draft_s=0.0, verify_s=0.0, acc=[0] * K, att=[0] * K)
+    st = dict(verify_passes=0, draft_s=0.0, verify_s=0.0, rest_s=0.0, acc=[0] * K, att=[0] * K)
     chunk = len(prompts) if args.continuous else batch_size  # prompts per generate call
     sync()
     t0 = time.perf_counter()
     for i in range(0, len(prompts), chunk):
         o, s = generate(target, prompts[i:i + chunk], drafter, max_new_tokens=args.max_new_tokens,
                         batch_size=batch_size, temperature=temperature, seed=args.seed + i,
-                        K=max(K, 1))
+                        K=max(K, 1), compile=args.compile)
         outs += o
         per_prompt += zip(map(len, o), s["row_passes"])
-        for k in ("verify_passes", "draft_s", "verify_s"):
+        for k in ("verify_passes", "draft_s", "verify_s", "rest_s"):
             st[k] += s[k]
         st["acc"] = [x + a for x, a in zip(st["acc"], s["accepted_per_position"])]
         st["att"] = [x + n for x, n in zip(st["att"], s["attempts_per_position"])]
@@ -82,11 +82,16 @@ def ratio_se(pairs):
 
 
 def predicted_speedup(st, ar):
-    """DESIGN sec. 5: E * t_ar / (t_draft + t_verify), E = 1 + accepted drafts per drafting row
-    pass, times per verify pass. It leaves out the prefills, so can exceed the measured one."""
+    """DESIGN sec. 5: E * t_ar / t_step, E = 1 + accepted drafts per drafting row pass, times
+    per pass. E leaves out the prefills, so it can exceed the measured speedup."""
     E = 1 + sum(st["acc"]) / max(st["draft_row_passes"], 1)
     t_ar = ar["wall_s"] / ar["verify_passes"]
-    return E * t_ar / ((st["draft_s"] + st["verify_s"]) / st["verify_passes"])
+    return E * t_ar / (sum(step_ms(st).values()) / 1e3)
+
+
+def step_ms(st):
+    """Milliseconds per pass (prefills included) of the drafter, the target, the rest."""
+    return {k: 1e3 * st[k + "_s"] / st["verify_passes"] for k in ("draft", "verify", "rest")}
 
 
 def params(drafter):
@@ -122,7 +127,7 @@ def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
     runs = {(m, T): [] for m in drafters for T in temps}
     for m, T in runs:  # warm-up: first-call allocations at this batch size, lazy CUDA init
         generate(target, prompts[:batch_size], drafters[m], max_new_tokens=4, temperature=T,
-                 seed=0, K=max(Ks[m], 1))
+                 seed=0, K=max(Ks[m], 1), compile=args.compile)  # and compiles
     for r in range(args.repeats):
         for (m, T), rs in runs.items():
             rs.append(run(target, drafters[m], prompts, Ks[m], T, args, batch_size))
@@ -137,7 +142,7 @@ def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
                          tokens_per_s=st["new_tokens"] / st["wall_s"], wall_s=st["wall_s"],
                          speedup=ar["wall_s"] / st["wall_s"],
                          wall_s_runs=[x[1]["wall_s"] for x in runs[m, T]],
-                         predicted_speedup=predicted_speedup(st, ar),
+                         predicted_speedup=predicted_speedup(st, ar), step_ms=step_ms(st),
                          acceptance_per_position=st["alpha"], new_tokens=st["new_tokens"],
                          verify_passes=st["verify_passes"], drafter_params=params(drafters[m]),
                          repeat8=repeat8(o), **lossless(target, prompts, o, ar_o, T)))
@@ -150,7 +155,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
     print("\n" + "=" * 100 + f"\nmachine   {platform.processor() or u.machine} | {u.system} "
           f"{u.release} | {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
     print(f"device    {device} ({gpu}) | dtype {args.dtype} | torch {torch.__version__} | CUDA "
-          f"extension active: {kernels.available(device)}")
+          f"extension active: {kernels.available(device)} | compiled verify: {args.compile}"
+          + (" (CUDA graphs)" if args.compile and device.type == "cuda" else ""))
     print(f"target    preset {t['preset']} | {t['params'] / 1e6:.2f}M params | {t['path']}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items()
                                      if d) or "none") + f" | from {args.weights}")
@@ -186,6 +192,12 @@ def print_table(results, n_prompts):
             gaps = ", ".join("(ends early)" if g is None else f"{g:.2g}" for g in gaps)
             print(f"NOTE      {r['method']} T=0: the target's two logits where each differing row "
                   f"first differs are {gaps} apart (near-tie or bug: docs/troubleshooting.md)")
+    print("\nwhere a pass's time goes, in ms (draft: all the drafter does; verify: the target's "
+          "pass, the scan)")
+    for r in results:
+        t = r["step_ms"]
+        print(f"  {r['method']:11s} T={r['temperature']:<4g} | draft {t['draft']:6.2f}  verify "
+              f"{t['verify']:6.2f}  rest {t['rest']:6.2f} | {sum(t.values()):6.2f} ms a pass")
     print("\nacceptance per draft position (alpha_i: of the passes that drafted position i, the "
           "share whose first i drafts were all accepted; full block = 1)")
     for r in results:
@@ -205,6 +217,9 @@ def get_parser():
     g.add_argument("--continuous", action="store_true", help="a finished row takes the next prompt")
     g.add_argument("--K", type=int, default=7, help="drafts per step of ngram, draft and eagle")
     add_drafter_flags(g)  # --block-size, --dflash-argmax, --tree, --mtp-draft, --confidence
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="run every verify "
+                   "pass at one shape by a compiled forward: CUDA graphs on a GPU, inductor on a "
+                   "CPU (default: on a GPU only; a CPU compiles for ~30 s a method)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method")
     g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median counts")
     g.add_argument("--prompts", help="a file: JSON lines with a \"prompt\", or blank-line blocks")
@@ -261,6 +276,7 @@ def main(argv=None):
         die(f"a batch of {rows} rows needs at least {rows} prompts, and there are {len(texts)}"
             + (f" in {args.prompts}" if args.prompts else " (see --n-prompts)"))
     device, dtype = checked(get_device, args.device), getattr(torch, args.dtype)
+    args.compile = device.type == "cuda" if args.compile is None else args.compile
     if dtype != torch.float32 and device.type != "cuda":
         die("--dtype bfloat16 needs --device cuda")
     if args.json:  # before the run, not after

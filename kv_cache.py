@@ -20,8 +20,8 @@ forward:
 
     pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
     for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
-               k_all, v_all = cache.read(layer)
-               mask = cache.mask()           # (B, 1, T, T_keys) True = may attend
+               k_all, v_all = cache.read(layer)   # all T_max slots
+               mask = cache.mask()           # (B, 1, T, T_max) True = may attend
     cache.advance(T)                         # after the last layer
 """
 
@@ -39,22 +39,21 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.max_len = max_len
-        self._keys = None  # number of key positions this forward reads, set by positions()
         self._mask = None  # this forward's attention mask, shared by all layers, set by positions()
 
     def positions(self, T):
-        """Absolute positions (B, T) of T new tokens appended to every row; also fixes this
-        forward's key range and mask (the same for every layer, so built once here).
-        NOTE: one host sync (the max length) per forward, to bound the keys we read."""
+        """Absolute positions (B, T) of T new tokens appended to every row; also builds this
+        forward's mask (the same for every layer, so built once here). No host sync: a forward
+        reads all max_len key slots and the mask hides those past each row's end, so its shapes
+        depend on T alone and a CUDA graph can replay it (at this size the keys are cheap)."""
+        if T > self.max_len:  # writing past max_len fails in scatter_ anyway; this names why
+            raise ValueError(f"KV cache overflow: {T} positions > max_len {self.max_len}")
         pos = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
-        self._keys = int(self.lengths.max()) + T
-        if self._keys > self.max_len:
-            raise ValueError(f"KV cache overflow: {self._keys} positions > max_len {self.max_len}")
         # query t of row b sees key j iff j <= lengths[b] + t: keys after the query's own
         # position are hidden, the row's later new tokens (causal) and, past lengths[b] + T,
-        # stale entries or the padding up to another row's end
-        j = torch.arange(self._keys, device=self.lengths.device)              # (T_keys,)
-        self._mask = (j[None, None, :] <= pos[:, :, None])[:, None]          # (B, 1, T, T_keys)
+        # stale entries or the unused slots up to max_len
+        j = torch.arange(self.max_len, device=self.lengths.device)            # (T_max,)
+        self._mask = (j[None, None, :] <= pos[:, :, None])[:, None]          # (B, 1, T, T_max)
         return pos
 
     def write(self, layer, k, v, pos):
@@ -65,21 +64,22 @@ class KVCache:
         self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
 
     def read(self, layer):
-        """Keys and values (B, H, T_keys, D) of one layer, up to the longest row's end."""
-        return self.k[layer, :, :, :self._keys], self.v[layer, :, :, :self._keys]
+        """Keys and values (B, H, T_max, D) of one layer: every slot (the mask picks)."""
+        return self.k[layer], self.v[layer]
 
     def mask(self):
-        """(B, 1, T, T_keys) bool, True = may attend: this forward's mask (see positions)."""
+        """(B, 1, T, T_max) bool, True = may attend: this forward's mask (see positions)."""
         return self._mask
 
+    # lengths change in place: a captured CUDA graph reads this very tensor at every replay
     def advance(self, T):
         """Count T new positions (int or (B,) tensor) as cached once every layer has written
         them; a verify pass's drafts included (rollback() drops the rejected ones)."""
-        self.lengths = self.lengths + T
+        self.lengths += T
 
     def rollback(self, new_lengths):
         """O(1) rollback: keep positions [0, new_lengths[b]) of each row, drop the rest."""
-        self.lengths = new_lengths.to(self.lengths).clone()
+        self.lengths.copy_(new_lengths)
 
     def row(self, b):
         """Row b alone as an empty batch-1 cache over the same buffers (a view: what a forward

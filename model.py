@@ -192,7 +192,7 @@ class Transformer(nn.Module):
     def forward(self, idx, cache=None, hidden_layers=(), last_only=False, tree=None):
         """idx (B, T) token ids. With a cache, they are appended after each row's current length
         and the cache advances by T; without one, positions start at 0. tree = (pos (B, T), mask
-        (B, 1, T, T_keys)): a draft tree's positions and ancestor mask (tree.py) instead.
+        (B, 1, T, T_max)): a draft tree's positions and ancestor mask (tree.py) instead.
         Returns logits (B, T, V) (or (B, 1, V) with last_only) and the hidden states (B, T, C)
         at the requested layers (0 = embedding, i = block i), each once, in depth order."""
         B, T = idx.shape

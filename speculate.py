@@ -168,24 +168,68 @@ def accept_scan(p, drafts, q=None, uniforms=None):
 # -----------------------------------------------------------------------------
 # the loop: a batch of ragged rows, continuous batching, checks and statistics
 
-def _clock(device):  # seconds, once the device has run what was queued (a host sync)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
+class StepClock:
+    """Where the loop's time goes, with no host sync: mark(part) charges the time since the last
+    mark to part ("draft", "verify" or "rest"). On a GPU the marks are CUDA events, read once at
+    the end, so the parts split the device's timeline (idle gaps, where Python is the bottleneck,
+    fall to the part whose work came next); elsewhere, the CPU's clock."""
+
+    def __init__(self, device):
+        self.cuda, self.marks = device.type == "cuda", []
+        self.mark("start")
+
+    def mark(self, part):
+        now = time.perf_counter() if not self.cuda else torch.cuda.Event(enable_timing=True)
+        if self.cuda:
+            now.record()
+        self.marks.append((part, now))
+
+    def seconds(self):
+        """-> {"draft_s", "verify_s", "rest_s"}, each the sum of its part's intervals."""
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        out = dict(draft_s=0.0, verify_s=0.0, rest_s=0.0)
+        for (_, a), (part, b) in zip(self.marks, self.marks[1:]):
+            out[part + "_s"] += a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out
+
+
+def static_step(target, B):
+    """For generate(compile=True): the target's forward under torch.compile and one cache of B
+    rows over its whole context, kept on the target and reused by every call, so that a step's
+    shapes, and on a GPU the cache's addresses, never change. A GPU replays each step as a CUDA
+    graph (mode "reduce-overhead": one launch instead of hundreds); a CPU runs inductor's fused
+    kernels. One compile per step shape (minutes on a CPU, then cached). One generate at a time
+    per target: they would share the cache."""
+    if "_static" not in target.__dict__:
+        mode = "reduce-overhead" if target.head.weight.is_cuda else None
+        target._static = dict(forward=torch.compile(target.forward, mode=mode, dynamic=False))
+    key = (B, target.head.weight.dtype)
+    if key not in target._static:
+        cache = target._static[key] = target.new_cache(B)
+        if target.head.weight.is_cuda:  # written in place by the graph: its address is fixed
+            for t in (cache.k, cache.v, cache.lengths):
+                torch._dynamo.mark_static_address(t)
+    target._static[key].lengths.zero_()  # stale entries are masked, as after any rollback
+    return target._static["forward"], target._static[key]
 
 
 @torch.no_grad()
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None,
-             seed=None, K=None, stop_token=None, batch_size=None, tree=None):
+             seed=None, K=None, stop_token=None, batch_size=None, tree=None, compile=False):
     """Speculative decoding of a list of prompts (token ids, any lengths). drafter=None is
     plain decoding through the same cache: the baseline. batch_size rows decode at once
     (default: all prompts); with fewer rows than prompts, a row whose prompt is done takes the
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
     tree: a tree.DraftTree to verify a tree of DFlash's candidates instead of a chain (default:
-    the drafter's .tree, which load_drafter("dflash-tree") sets, else none).
+    the drafter's .tree, which load_drafter("dflash-tree") sets, else none). compile: every
+    verify pass over all K+1 positions (empty slots padded), by a compiled forward (static_step;
+    a tree's pass stays eager): greedy tokens as without, sampled ones other draws of the same
+    distribution (the padding changes how many uniforms a step takes).
     Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
-    and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included."""
+    and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included, and
+    draft_s, verify_s, rest_s where the time went (StepClock)."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
                               stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
@@ -216,40 +260,44 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         tokens[b, :len(pr)] = pr
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) prompt lengths
     n, rows = lens.clone(), torch.arange(B, device=device)
-    cache = target.new_cache(B, max_len=T_max)
+    verify, cache = static_step(target, B) if compile else (target, target.new_cache(B, T_max))
     # the prompt pass counts as a pass that yields one token (so plain decoding's tau is 1);
-    # verify_s also holds the drafter's prefill/update work, draft_s only its proposing;
     # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
-    stats = dict(verify_passes=1, draft_s=0.0, verify_s=0.0, row_passes=[1] * len(prompts),
+    stats = dict(verify_passes=1, row_passes=[1] * len(prompts),
                  accepted_per_position=[0] * K, attempts_per_position=[0] * K)
+    # time: the target's passes and the acceptance scan are "verify", all the drafter does
+    # (prefill, propose, update) "draft", the commit and the bookkeeping "rest"
+    clock = StepClock(device)
 
     # prefill: the whole (right-padded) prompt, then each row rolls back to its own length
-    t0 = _clock(device)
     logits, hidden = target(tokens[:, :int(lens.max())], cache, hidden_layers=layers)
     cache.rollback(n)
     first = pick(logits[rows, n - 1])
+    clock.mark("verify")
     tokens[rows, n] = first
     n = n + 1
     done = (n - lens >= max_new_tokens) | (first == stop)
     if drafter is not None:
         drafter.prefill(tokens, n, feats(hidden))
-    stats["verify_s"] += _clock(device) - t0
+        clock.mark("draft")
 
     # continuous batching: a finished row hands its tokens over and takes the next prompt
     outputs, slot, taken, next_prompt = [None] * len(prompts), list(range(B)), [False] * B, B
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
-        t0, pr = time.perf_counter(), prompts[i]
+        pr = prompts[i]
+        clock.mark("rest")
         tokens[b, :len(pr)] = pr
         logits, hidden = target(tokens[b:b + 1, :len(pr)], cache.row(b), hidden_layers=layers)
         cache.lengths[b] = len(pr)
         nxt = pick(logits[:, -1])
+        clock.mark("verify")
         tokens[b, len(pr)] = nxt[0]
         lens[b], n[b], slot[b], taken[b] = len(pr), len(pr) + 1, i, False
         done[b] = max_new_tokens == 1 or bool(nxt[0] == stop)
         if drafter is not None:
             drafter.refill(b, tokens, n, feats(hidden))
-        stats["verify_s"] += _clock(device) - t0  # a prefill, timed as one
+            clock.mark("draft")
         stats["verify_passes"] += 1
         return bool(done[b])
 
@@ -267,7 +315,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     retire()
     while not all(taken):
         # 1. draft
-        t0 = time.perf_counter()
+        clock.mark("rest")
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
@@ -275,14 +323,17 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k,
                                         generator=g)
             check_proposal(drafts, q, B, K, V, sampling)
-            if any(taken):  # finished rows ride along (done == taken here, after retire())
+            if compile:  # one shape for every pass: K drafts, the missing ones empty
+                drafts = F.pad(drafts, (0, K - drafts.shape[1]), value=NO_DRAFT)
+                q = None if q is None else F.pad(q, (0, 0, 0, K - q.shape[1]))
+            elif any(taken):  # finished rows ride along (done == taken here, after retire())
                 # they draft nothing, and the pass is only as wide as the longest row that
                 # drafts (ngram's matches and MTP's gate differ by row). Only here, since
                 # reading the width back waits for the drafter (a sync on a GPU)
                 drafts = torch.where(done[:, None], NO_DRAFT, drafts)
                 width = int((drafts >= 0).any(0).sum())
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
-        t1 = _clock(device)
+        clock.mark("draft" if drafter is not None else "rest")
         if tree is not None:  # 2-4 for a tree; its accepted path is committed as a chain's is
             drafts, n_acc, nxt, hidden = tree.verify(target, cache, tokens, n, nodes, layers,
                                                      temperature, top_k, g)
@@ -290,7 +341,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot
             # feeds token 0, a draft past the vocabulary V - 1, refused below: never accepted)
             x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(0, V - 1)], 1)
-            logits, hidden = target(x, cache, hidden_layers=layers)           # (B, K'+1, V)
+            logits, hidden = verify(x, cache, hidden_layers=layers)           # (B, K'+1, V)
             # 3-4. accept a prefix of the drafts, then one token of the target's own
             if sampling:
                 p = logits_to_probs(logits, temperature, top_k)  # warped exactly as by pick()
@@ -298,6 +349,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 n_acc, nxt = accept_scan(p, drafts, q, u)
             else:
                 n_acc, nxt = accept_scan(logits, drafts)
+        clock.mark("verify")
         Kd = drafts.shape[1]  # K' <= K
         # finished rows commit nothing; no row commits past its budget (a finished row keeps
         # riding along, so its n must stay within the T_max buffers)
@@ -314,9 +366,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         n = n + n_new
         cache.rollback(n - 1)
         if drafter is not None:
+            clock.mark("rest")
             drafter.update(tokens, n, feats(hidden), n_new)
-        stats["draft_s"] += t1 - t0
-        stats["verify_s"] += _clock(device) - t1
+            clock.mark("draft")
         stats["verify_passes"] += 1
         # per-position acceptance over the active rows that drafted there, and whether a
         # draft was past the vocabulary (greedy never accepts one): one transfer to the host
@@ -335,6 +387,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         done |= (n - lens >= max_new_tokens) | (keep & (new == stop)).any(1)
         retire()
 
+    clock.mark("rest")
+    stats.update(clock.seconds())
     stats["tokens_per_row"] = [len(o) for o in outputs]
     stats["new_tokens"] = sum(stats["tokens_per_row"])
     stats["tau"] = stats["new_tokens"] / sum(stats["row_passes"])

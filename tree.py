@@ -108,7 +108,7 @@ class DraftTree:
         for t in range(1, N + 1):  # a parent comes before its children
             anc[:, t] |= anc[rows, par[:, t]]
         L = cache.lengths.clone()                                       # (B,) = n - 1
-        j = torch.arange(int(L.max()) + N + 1, device=dev)              # every key slot read
+        j = torch.arange(cache.max_len, device=dev)                      # every key slot read
         u = j[None] - L[:, None]                                        # (B, keys): tree node
         see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
         # NOTE: slots past a shorter row's tree (u > N) hold stale entries: nobody sees them

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Everything the CUDA extension has to show on a GPU, in one go:
+# Everything a GPU has to show, in one go: the CUDA extension and the compiled (CUDA-graph) steps.
 #
 #   bash dev/gpu_check.sh [LOG_DIR]         # logs go to LOG_DIR, else $OUT, else out/gpu_check
 #
-# LOG_DIR gets four files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
-# everything printed, step by step, and the JSON of the three bench runs.
+# LOG_DIR gets three files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
+# everything printed, step by step, and the JSON of the two bench runs.
 #
 # 1. the GPU, driver, torch and nvcc versions
-# 2. python dev/kernels_check.py: build, validate every op and kernel version, time fused vs reference
-#    at B = 1 and B = 32
+# 2. python dev/kernels_check.py: build, validate every op and kernel version, time fused vs
+#    reference at B = 1 and B = 32
 # 3. the kernel tests (kernels == references, end-to-end dflash with the kernels on), without
-#    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU
+#    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU;
+#    and tests/test_static.py: compiled steps replayed as CUDA graphs give eager's tokens
 # 4. which attention kernel the target's masked grouped-query pass gets (dev/sdpa_probe.py)
-# 5. bench.py on the GPU with the committed cpu weights: every method but `draft` with the kernels on (the first GPU table), ar
-#    and dflash with the kernels off (DFLASH_CUDA_EXT=0), then ar and dflash in bfloat16 with
-#    the kernels on. A model this small is bound by per-op overhead (~450 aten ops a step; one
-#    plain step on this project's slowest 2-core CPU: 11 ms, ~1.6 ms of it matmuls), and on a
-#    GPU each op is a launch. On that CPU the rows took 220 s, `draft` (8 passes per 1.5 tokens)
-#    70 s of it; the methods run in the order named, so a step cut off by its limit loses the
-#    least important rows, and each row's time and tau are printed as it ends.
+# 5. bench.py on the GPU with the committed cpu weights, every method but `draft` (8 passes per
+#    1.5 tokens), eager (--no-compile) and then with every verify pass a replayed CUDA graph
+#    (--compile, the GPU's default): issue 49's table. A model this small is bound by per-op
+#    overhead (~450 aten ops a step; one plain step on this project's slowest 2-core CPU:
+#    11 ms, ~1.6 ms of it matmuls), and on a GPU each op is a launch. Each row's time and tau
+#    are printed as it ends; the compiled run first compiles each method's verify shape in its
+#    untimed warm-up (~25-35 s a shape on the 2-core CPU; on the GPU not yet measured).
 # 6. a few steps of training on the GPU: a tiny target (with MTP heads, in bf16 autocast as on
 #    cuda), then distillation and each learned drafter. No test trains on a GPU, so this is
 #    where a device bug in training would show. ~40 s on a 2-core CPU, 8 s of it
@@ -26,9 +27,9 @@
 # Every step runs even if an earlier one fails (each has a time limit, so a hang cannot eat a
 # GPU lease); the exit status is non-zero if any failed. The limits add up to 580 s, so the
 # whole script fits one device call (at most 600 s) even if every step hangs. Measured on an
-# H200: 263 s in all; env 12 s, selfcheck 33 s (18 s of it the build), sdpa 8 s, bench_fused
-# 74 s, bench_ref 31 s, train_smoke 47 s; bench_bf16 hit its limit there before decoding ran
-# without cuDNN's attention (model.DECODING_ATTENTION).
+# H200 (an earlier version, eager bench only): env 12 s, selfcheck 33 s (18 s of it the build),
+# sdpa 8 s, the eager bench of these methods 74 s, train_smoke 47 s. The kernels off
+# (DFLASH_CUDA_EXT=0) and bfloat16 runs of that version: docs/experiments.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the device image's interpreter with torch is python3 (a plain `python` may be missing there)
@@ -63,7 +64,7 @@ command -v nvcc
 $PY -c 'from torch.utils import cpp_extension as c; import dflash_kernels as kernels
 h = c.CUDA_HOME; print(\"CUDA_HOME\", h, \"| link flags\", h and kernels._cudart_flags(h))'"
 step env 20 bash -c "$ENV_REPORT"
-step selfcheck 110 $PY dev/kernels_check.py
+step selfcheck 70 $PY dev/kernels_check.py
 # -v: a step cut off by its limit still shows which test ran last. Left out: every test of the
 # CPU emulation (CI's stand-in for this GPU, and the only tests that feed the extension bad
 # arguments: on the H200 image (torch 2.11.0+cu130) a failing TORCH_CHECK whose message formats
@@ -73,14 +74,13 @@ step selfcheck 110 $PY dev/kernels_check.py
 XDIST=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
 EMULATED="emu or self_check_covers or self_check_fails or self_check_counts or ops_take"
 EMULATED="$EMULATED or dispatches"
-step tests 120 $PY -m pytest $XDIST -v -rs tests/test_kernels.py -k "not ($EMULATED)"
-step sdpa 20 $PY dev/sdpa_probe.py
-B="$PY bench.py --device cuda"  # the committed weights/cpu: bench trains nothing
-step bench_fused 150 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash,eagle,mtp,ngram \
-  --json "$LOG/bench_fused.json"
-step bench_ref 60 env DFLASH_CUDA_EXT=0 $B --methods ar,dflash --json "$LOG/bench_ref.json"
-step bench_bf16 50 env DFLASH_CUDA_EXT=1 $B --methods ar,dflash --dtype bfloat16 --temperatures 0 \
-  --json "$LOG/bench_bf16.json"
+step tests 100 $PY -m pytest $XDIST -v -rs tests/test_kernels.py tests/test_static.py \
+  -k "not ($EMULATED)"
+step sdpa 15 $PY dev/sdpa_probe.py
+B="$PY bench.py --device cuda --methods ar,dflash,eagle,mtp,ngram"  # the committed weights/cpu
+step bench_eager 100 $B --no-compile --json "$LOG/bench_eager.json"
+# the first call of each method compiles its verify shape (untimed warm-up; minutes in all?)
+step bench_graphs 225 $B --compile --json "$LOG/bench_graphs.json"
 TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
 $PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 \
   --mtp-depth 2 --eval-every 10 --eval-batches 2 --out-path "$W/target.pt" &&

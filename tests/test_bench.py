@@ -24,7 +24,7 @@ from test_model import save_tiny, tiny_model
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
                "speedup": float, "predicted_speedup": float, "acceptance_per_position": list, "lossless": (bool, type(None)),
                "mismatches": int, "new_tokens": int, "verify_passes": int, "wall_s": float, "wall_s_runs": list,
-               "drafter_params": int}
+               "drafter_params": int, "step_ms": dict}
 EXTRA_KEYS = {"repeat8", "K", "first_difference_gaps"}  # the issue allows extra keys
 
 
@@ -77,6 +77,11 @@ def test_smoke_json(weights, prompts_file, tmp_path, capsys):
         ar = next(a for a in rows if a["method"] == "ar" and a["temperature"] == r["temperature"])
         assert r["speedup"] == pytest.approx(ar["wall_s"] / r["wall_s"])
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        # where the time went: the loop's parts cover the run, bench's own calls between them aside
+        ms = r["step_ms"]
+        assert set(ms) == {"draft", "verify", "rest"} and min(ms.values()) >= 0
+        assert 0.5 < sum(ms.values()) * r["verify_passes"] / 1e3 / r["wall_s"] <= 1.0
+        assert (ms["draft"] == 0) == (r["method"] == "ar") and ms["verify"] > 0
 
 
 def test_n_prompts_takes_the_first_of_a_prompts_file(weights, prompts_file, capsys):
@@ -87,6 +92,19 @@ def test_n_prompts_takes_the_first_of_a_prompts_file(weights, prompts_file, caps
         rows = bench.main(args + extra)
         assert rows[0]["new_tokens"] == 3 * n
         assert f"prompts   {n} from {prompts_file}" in capsys.readouterr().out
+
+
+def test_compile_runs_every_row_lossless_and_the_card_says_so(weights, prompts_file, capsys):
+    """--compile (off by default on a CPU): the verify passes run compiled (inductor here), the
+    T = 0 rows still equal plain decoding's, and the card names the path that ran."""
+    rows = bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,ngram",
+                       "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens",
+                       "8", "--compile"])
+    assert all(r["lossless"] for r in rows)
+    assert "compiled verify: True" in capsys.readouterr().out
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
+                "--prompts", str(prompts_file), "--max-new-tokens", "2"])
+    assert "compiled verify: False" in capsys.readouterr().out
 
 
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
@@ -249,9 +267,10 @@ def test_first_difference_gap_is_the_targets_margin_where_the_rows_part():
 def test_predicted_speedup_and_lossless_arithmetic():
     """Made-up stats at batch 2 (row passes != verify passes): 6 accepted drafts over 4 row
     passes after the prefills, E = 1 + 6 / 4 = 2.5 tokens per pass; t_ar = 4 s / 4 passes, one
-    pass of the method = (1 s + 1 s) / 2 passes -> 2.5x. Costs are per verify pass, E per row
+    pass of the method = (1 s + 0.75 s + 0.25 s) / 2 passes -> 2.5x. Costs are per verify pass, E per row
     pass. A row pass that drafted nothing (MTP's gate, ngram without a match) counts in E."""
-    st = dict(acc=[4, 2], att=[4, 4], draft_s=1.0, verify_s=1.0, verify_passes=2, draft_row_passes=4)
+    st = dict(acc=[4, 2], att=[4, 4], draft_s=1.0, verify_s=0.75, rest_s=0.25, verify_passes=2,
+              draft_row_passes=4)
     ar = dict(wall_s=4.0, verify_passes=4, row_passes=8)
     assert bench.predicted_speedup(st, ar) == pytest.approx(2.5)
     # the same accepted drafts in 8 row passes, 4 of which drafted nothing: alpha stays [1, 0.5]
@@ -265,7 +284,8 @@ def test_predicted_speedup_and_lossless_arithmetic():
 def test_predicted_speedup_with_no_drafting_pass_and_lossless_only_at_T0():
     """--max-new-tokens 1: every row ends with its prefill, so no pass drafted: E = 1, not a
     division by zero. Any T > 0, not only 1, samples: no token-for-token check there."""
-    st = dict(acc=[0, 0], att=[0, 0], draft_s=0.0, verify_s=2.0, verify_passes=1, draft_row_passes=0)
+    st = dict(acc=[0, 0], att=[0, 0], draft_s=0.0, verify_s=2.0, rest_s=0.0, verify_passes=1,
+              draft_row_passes=0)
     assert bench.predicted_speedup(st, dict(wall_s=1.0, verify_passes=1, row_passes=2)) == pytest.approx(0.5)
     assert bench.lossless(None, [[5]], [[1, 2, 3]], [[1, 2, 4]], 0.5)["lossless"] is None
     assert bench.lossless(None, [[5]], [[1, 2, 3]], [[1, 2, 3]], 0.0) == dict(lossless=True, mismatches=0,
@@ -282,18 +302,19 @@ def test_run_sums_the_stats_of_its_batches(monkeypatch):
     """run() over two generate calls (batch 2, three prompts): tokens and passes add up, tau is
     per row pass, the drafting passes leave out one prefill per prompt, and alpha leaves out a
     position no pass drafted (no share of nothing)."""
-    fake = [([[1, 2, 3], [4, 5]], dict(verify_passes=3, draft_s=0.5, verify_s=1.0, row_passes=[2, 2],
+    fake = [([[1, 2, 3], [4, 5]], dict(verify_passes=3, draft_s=0.5, verify_s=1.0, rest_s=0.5, row_passes=[2, 2],
                                        accepted_per_position=[2, 1, 0], attempts_per_position=[2, 2, 0])),
-            ([[6, 7, 8, 9]], dict(verify_passes=2, draft_s=0.25, verify_s=0.5, row_passes=[2],
+            ([[6, 7, 8, 9]], dict(verify_passes=2, draft_s=0.25, verify_s=0.5, rest_s=0.0, row_passes=[2],
                                   accepted_per_position=[1, 1, 0], attempts_per_position=[1, 1, 0]))]
     seeds = []  # each batch its own seed, --seed + its first prompt's index: the same for every method
     monkeypatch.setattr(bench, "generate", lambda *a, **k: seeds.append(k["seed"]) or fake.pop(0))
-    args = argparse.Namespace(continuous=False, max_new_tokens=4, top_k=None, seed=5)
+    args = argparse.Namespace(continuous=False, max_new_tokens=4, top_k=None, seed=5, compile=False)
     outs, st = bench.run(tiny_model(), None, [[1], [2], [3]], 3, 0.0, args, 2)
     assert outs == [[1, 2, 3], [4, 5], [6, 7, 8, 9]] and not fake and seeds == [5, 7]
     assert (st["new_tokens"], st["row_passes"], st["draft_row_passes"], st["verify_passes"]) == (9, 6, 3, 5)
     assert st["tau"] == 1.5 and st["tau_se"] == pytest.approx(bench.ratio_se([(3, 2), (2, 2), (4, 2)]))
-    assert (st["draft_s"], st["verify_s"]) == (0.75, 1.5) and st["alpha"] == [1.0, pytest.approx(2 / 3)]
+    assert (st["draft_s"], st["verify_s"], st["rest_s"]) == (0.75, 1.5, 0.5)
+    assert st["alpha"] == [1.0, pytest.approx(2 / 3)]
 
 
 def test_tau_standard_error():
@@ -323,11 +344,12 @@ def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
     def run(target, drafter, prompts, K, T, args, batch_size):
         order.append(drafter)
         return [[1, 2]], dict(wall_s=next(walls[drafter]), tau=1.0, tau_se=0.0, new_tokens=2, acc=[],
-                              alpha=[], draft_row_passes=0, draft_s=0.0, verify_s=1.0, verify_passes=2)
+                              alpha=[], draft_row_passes=0, draft_s=0.0, verify_s=1.0, rest_s=0.0,
+                              verify_passes=2)
 
     monkeypatch.setattr(bench, "run", run)
     monkeypatch.setattr(bench, "generate", lambda *a, **k: None)  # the untimed warm-up
-    args = argparse.Namespace(repeats=3)
+    args = argparse.Namespace(repeats=3, compile=False)
     ar, ngram = bench.bench_rows(None, {"ar": "ar", "ngram": "ngram"}, {"ar": 0, "ngram": 7}, [[1]], [1.0], 1, args)
     assert order == ["ar", "ngram"] * 3  # one run of every method per round, not three of one in a row
     assert ar["wall_s"] == 2.0 and ar["wall_s_runs"] == [3.0, 1.0, 2.0]
@@ -349,7 +371,7 @@ def test_continuous_hands_all_prompts_to_one_generate_call(monkeypatch):
     calls = []
     real = bench.generate
     monkeypatch.setattr(bench, "generate", lambda t, p, *a, **k: calls.append((len(p), k["batch_size"])) or real(t, p, *a, **k))
-    args = argparse.Namespace(continuous=True, max_new_tokens=3, top_k=None, seed=0)
+    args = argparse.Namespace(continuous=True, max_new_tokens=3, top_k=None, seed=0, compile=False)
     outs, _ = bench.run(tiny_model(), None, [[1, 2], [3], [4, 5, 6]], 0, 0.0, args, 1)
     assert calls == [(3, 1)] and len(outs) == 3
     calls.clear()
@@ -441,7 +463,7 @@ def test_a_prompt_one_token_over_the_context_is_named(tmp_path, capsys):
 def test_table_content_a_tie_and_one_draft_position(capsys):
     """A gap of exactly 0 is a tie, not "(ends early)"; a row with one draft position (mtp of
     depth 1, --K 1) still gets its acceptance line."""
-    row = dict(method="mtp", temperature=0.0, K=1, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
+    row = dict(method="mtp", temperature=0.0, K=1, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2, step_ms=dict(draft=1.0, verify=2.0, rest=0.5),
                predicted_speedup=1.3, lossless=False, mismatches=2, drafter_params=0, acceptance_per_position=[0.5],
                first_difference_gaps=[0.0, None])
     bench.print_table([row], 2)
@@ -456,7 +478,7 @@ def test_table_content_a_tie_and_one_draft_position(capsys):
 def test_acceptance_line_bars_and_E(capsys):
     """The text chart: eighth blocks rounded to the nearest (0.99 is a full block, 0.1 one
     eighth), two columns per position, and E = 1 + the sum of the alphas as its label says."""
-    row = dict(method="mtp", temperature=0.0, K=5, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
+    row = dict(method="mtp", temperature=0.0, K=5, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2, step_ms=dict(draft=1.0, verify=2.0, rest=0.5),
                predicted_speedup=1.3, lossless=True, mismatches=0, drafter_params=0,
                acceptance_per_position=[1.0, 0.99, 0.5, 0.1, 0.0], first_difference_gaps=[])
     bench.print_table([row], 2)

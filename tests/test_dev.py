@@ -213,11 +213,13 @@ def test_gpu_check_fits_one_device_call_and_names_real_modules():
     files it names under $LOG must be no more than the call brings back."""
     script = open(os.path.join(DEV, "gpu_check.sh")).read()
     limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
-    assert len(limits) == 8 and sum(limits) <= 580, limits
+    assert len(limits) == 7 and sum(limits) <= 580, limits
     assert "$PY -m pytest" in script
-    for path in ("dev/kernels_check.py", "dev/sdpa_probe.py", "tests/test_kernels.py", "bench.py"):
+    for path in ("dev/kernels_check.py", "dev/sdpa_probe.py", "tests/test_kernels.py",
+                 "tests/test_static.py", "bench.py"):
         assert path in script and os.path.exists(os.path.join(kernels.HERE.parent, path))
     assert "$PY bench.py --device cuda" in script
+    assert "$B --no-compile" in script and "$B --compile" in script
     logs = set(re.findall(r'\$LOG/([^"\s]+)', script))  # the device tool brings back 8 at most
     assert 0 < len(logs) <= 8 and not any("$" in name for name in logs), logs
     # the training smoke's flags parse (a typo there would cost the step, found only on the GPU)

@@ -1,0 +1,71 @@
+"""
+generate(compile=True): every verify pass the same shape, run by a compiled forward over one
+reused cache (speculate.static_step). Greedy tokens must equal the eager loop's, and sampled
+ones keep the target's distribution. On a CPU this is inductor (a C++ compiler, ~10-30 s a
+shape for these tiny models); the CUDA-graph path runs in the GPU test at the end.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+
+import speculate
+from draft_simple import NgramDrafter
+from model import generate as naive_generate
+from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
+                            feature_drafter, loopy_target, prompts, sampling_target,
+                            total_variation, tv_bound)
+
+has_gpu = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("name", ["plain", "ngram", "dflash"])
+def test_compiled_steps_give_the_greedy_tokens_of_eager_ones(name):
+    """5 prompts through 2 rows (continuous batching: rows finish while others run, and a
+    stop token ends some early), K = 4: the same outputs as eager decoding and as the naive
+    reference, and the same number of passes (padding the drafts to K changes no decision)."""
+    target = loopy_target()
+    drafter = {"plain": None, "ngram": NgramDrafter(),
+               "dflash": feature_drafter("dflash", target)}[name]
+    batch = [list(p) for p in prompts("repetitive")[:5]]
+    stop = naive_generate(target, batch[1], 12)[9]  # prompt 1 stops at its 10th token
+    kw = dict(max_new_tokens=12, K=4, batch_size=2, stop_token=stop)
+    eager, st_e = speculate.generate(target, batch, drafter, **kw)
+    compiled, st_c = speculate.generate(target, batch, drafter, compile=True, **kw)
+    assert compiled == eager and st_c["row_passes"] == st_e["row_passes"]
+    for p, out in zip(batch, eager):  # and both equal the naive reference, cut at the stop
+        ref = naive_generate(target, p, 12)
+        assert out == (ref[:ref.index(stop) + 1] if stop in ref else ref)
+    assert len(eager[1]) == 10
+    # a second call reuses the compiled forward and its cache, emptied first
+    forward, cache = speculate.static_step(target, 2)
+    again, _ = speculate.generate(target, batch, drafter, compile=True, **kw)
+    assert again == eager and speculate.static_step(target, 2) == (forward, cache)
+    assert cache.max_len == target.cfg.max_seq_len  # one shape, whatever the prompts
+
+
+def test_compiled_sampling_keeps_the_target_distribution():
+    """Padded drafts take other uniforms than the eager loop's, so the rows differ; their
+    distribution must not (the bound of tests/test_speculate.py)."""
+    target, drafter = sampling_target(), NgramDrafter(n=2)
+    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
+    outs, _ = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
+                                 max_new_tokens=SAMPLE_TOKENS, K=2, temperature=1.0, top_k=TOP_K,
+                                 seed=0, compile=True)
+    tv = total_variation(Counter(tuple(o) for o in outs), exact)
+    assert tv < tv_bound(exact, SAMPLE_ROWS)
+
+
+@pytest.mark.skipif(not has_gpu, reason="no CUDA device")
+@pytest.mark.parametrize("name", ["plain", "dflash"])
+def test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding(name):
+    """On a GPU the compiled forward is replayed as CUDA graphs (mode "reduce-overhead"), over a
+    cache at fixed addresses: greedy rows equal the eager loop's on the same GPU."""
+    target = loopy_target().cuda()
+    drafter = None if name == "plain" else feature_drafter("dflash", target)
+    batch = [list(p) for p in prompts("repetitive")[:5]]
+    kw = dict(max_new_tokens=12, K=4, batch_size=2)
+    eager, _ = speculate.generate(target, batch, drafter, **kw)
+    for _ in range(2):  # the first call records the graphs, the second replays them
+        assert speculate.generate(target, batch, drafter, compile=True, **kw)[0] == eager
