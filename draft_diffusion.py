@@ -277,15 +277,13 @@ class DFlashDrafter:
         blk = torch.full((B, S), self.dflash.mask_id, device=dev)
         blk[:, 0] = tokens.gather(1, n[:, None] - 1)[:, 0]    # slot 0: the pending token x_{N-1}
         pos = (n - 1)[:, None] + torch.arange(S, device=dev)  # (B, S) absolute positions
-        T_ctx = int(self.ctx_len.max())
-        ck, cv = self.ck[:, :, :, :T_ctx], self.cv[:, :, :, :T_ctx]
-        mask = None  # the block sees all of itself and all of its row's context: no mask at all
-        # rows of different context lengths: hide each row's slots past its own ctx_len
-        # (padding up to the longest row, or what an earlier prompt left after a refill)
-        if bool((self.ctx_len != T_ctx).any()):
-            see = torch.arange(T_ctx, device=dev)[None] < self.ctx_len[:, None]       # (B, T_ctx)
-            mask = torch.cat([see, see.new_ones(B, S)], 1)[:, None, None]
-        return self.dflash.blocks_forward(self.target, self.target.embed(blk), pos, ck, cv, mask)
+        # the block sees all of itself and its row's context: every slot of the context cache
+        # is read (no host sync, one shape, as the target's cache) and the mask hides each row's
+        # slots past its ctx_len (stale, or what an earlier prompt left after a refill)
+        see = torch.arange(self.ck.shape[3], device=dev)[None] < self.ctx_len[:, None]  # (B, T)
+        mask = torch.cat([see, see.new_ones(B, S)], 1)[:, None, None]   # (B, 1, 1, T_max + S)
+        return self.dflash.blocks_forward(self.target, self.target.embed(blk), pos, self.ck,
+                                          self.cv, mask)
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
