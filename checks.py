@@ -10,7 +10,9 @@ import torch
 
 def check_proposal(drafts, q, B, K, V, sampling):
     """What the loop trusts of propose: int64 drafts (B, K' <= K) and, when sampling, q (B, K', V)
-    the probability rows each real draft was drawn from. One host sync, only when sampling."""
+    the probability rows each real draft was drawn from. Shapes are checked here; the values,
+    when sampling, by the returned 0-dim bool tensor, which the loop reads back with the rest of
+    its step (no host sync of its own) and refuses with BAD_Q. Greedy: None."""
     q_ok = q is None or (tuple(q.shape) == (*drafts.shape, V) and q.dtype.is_floating_point)
     if not (drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= K and
             drafts.dtype == torch.long and q_ok):
@@ -18,16 +20,18 @@ def check_proposal(drafts, q, B, K, V, sampling):
                          f"{None if q is None else (tuple(q.shape), q.dtype)}; the loop takes "
                          f"int64 ({B}, K' <= {K}) and q None or floating (B, K', {V})")
     if not sampling:
-        return
+        return None
     ok = drafts < V
     if q is not None:  # NaN and inf fail min >= 0 or the sum
         q_d = q.gather(2, drafts.clamp(0, V - 1)[..., None])[..., 0]
         tol = 1e-3 + torch.finfo(q.dtype).eps  # fp32 softmax over 150k: ~1e-4 off; bf16: 1.9e-3
         dist = (q.amin(-1) >= 0) & (q_d > 0) & ((q.sum(-1, dtype=torch.float32) - 1).abs() <= tol)
         ok &= dist | (drafts < 0)  # rows of q at empty slots are never read
-    if not bool(ok.all()):
-        raise ValueError(f"the drafter's q must be probabilities over the {V} tokens (finite, "
-                         f">= 0, rows summing to 1) that give each draft (< {V}) mass")
+    return ok.all()
+
+
+BAD_Q = ("the drafter's q must be probabilities over the {V} tokens (finite, >= 0, rows summing "
+         "to 1) that give each draft (< {V}) mass")
 
 
 def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token,

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 import dflash_kernels as kernels
-from checks import check_inputs, check_proposal
+from checks import BAD_Q, check_inputs, check_proposal
 from model import DECODING_ATTENTION, draw, logits_to_probs
 
 NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never accepted, q = 0 there
@@ -301,9 +301,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         stats["verify_passes"] += 1
         return bool(done[b])
 
-    def retire():  # keep each finished row's new tokens (cut after the stop token), refill it
+    def retire(finished):  # keep each finished row's new tokens (cut after the stop), refill it
         nonlocal next_prompt
-        for b, d in enumerate(done.tolist()):
+        for b, d in enumerate(finished):
             while d and not taken[b]:
                 out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
                 outputs[slot[b]] = out[:out.index(stop) + 1] if stop in out else out
@@ -312,17 +312,19 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                     d = start(b, next_prompt)
                     next_prompt += 1
 
-    retire()
+    retire(done.tolist())
     while not all(taken):
         # 1. draft
         clock.mark("rest")
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
+        valid, past = torch.ones((), dtype=torch.bool, device=device), done & False
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k,
                                         generator=g)
-            check_proposal(drafts, q, B, K, V, sampling)
+            if (v := check_proposal(drafts, q, B, K, V, sampling)) is not None:
+                valid = v                                           # read back below
             if compile:  # one shape for every pass: K drafts, the missing ones empty
                 drafts = F.pad(drafts, (0, K - drafts.shape[1]), value=NO_DRAFT)
                 q = None if q is None else F.pad(q, (0, 0, 0, K - q.shape[1]))
@@ -339,8 +341,11 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                                                      temperature, top_k, g)
         else:
             # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot
-            # feeds token 0, a draft past the vocabulary V - 1, refused below: never accepted)
-            x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(0, V - 1)], 1)
+            # feeds token 0; a draft past the vocabulary, refused after the pass, is an empty
+            # slot meanwhile: never accepted)
+            past = (drafts >= V).any(1)                                # (B,) read back below
+            drafts = torch.where(drafts < V, drafts, NO_DRAFT)
+            x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)
             logits, hidden = verify(x, cache, hidden_layers=layers)           # (B, K'+1, V)
             # 3-4. accept a prefix of the drafts, then one token of the target's own
             if sampling:
@@ -370,22 +375,28 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafter.update(tokens, n, feats(hidden), n_new)
             clock.mark("draft")
         stats["verify_passes"] += 1
-        # per-position acceptance over the active rows that drafted there, and whether a
-        # draft was past the vocabulary (greedy never accepts one): one transfer to the host
+        # per-position acceptance over the active rows that drafted there, whether a draft was
+        # past the vocabulary (greedy never accepts one) or q no distribution, and which rows
+        # are done: one transfer to the host (with compile, a chain step's only sync)
         active = ~done
         drafted = (drafts >= 0) & active[:, None]                   # (B, K')
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)
-        host = torch.cat([active.long(), drafted.sum(0), accepted, drafts.amax(0)]).tolist()
-        if max(host[B + 2 * Kd:], default=0) >= V:
-            raise ValueError(f"the drafter drafted a token past the vocabulary (ids 0..{V - 1})")
-        for b, a in enumerate(host[:B]):
-            stats["row_passes"][slot[b]] += a
-        for i in range(Kd):
-            stats["attempts_per_position"][i] += host[B + i]
-            stats["accepted_per_position"][i] += host[B + Kd + i]
         # rows finish on their token budget or on the stop token (among what they committed)
         done |= (n - lens >= max_new_tokens) | (keep & (new == stop)).any(1)
-        retire()
+        parts = [active, drafted.sum(0), accepted, done, past, valid[None]]
+        host = torch.cat([p.long() for p in parts]).tolist()
+        act, att, acc, fin, past_v, ok = (host[sum(map(len, parts[:i])):][:len(p)]
+                                          for i, p in enumerate(parts))
+        if not ok[0]:
+            raise ValueError(BAD_Q.format(V=V))
+        if any(past_v):
+            raise ValueError(f"the drafter drafted a token past the vocabulary (ids 0..{V - 1})")
+        for b, a in enumerate(act):
+            stats["row_passes"][slot[b]] += a
+        for i in range(Kd):
+            stats["attempts_per_position"][i] += att[i]
+            stats["accepted_per_position"][i] += acc[i]
+        retire(fin)
 
     clock.mark("rest")
     stats.update(clock.seconds())

@@ -322,7 +322,7 @@ def test_sdpa_probe_refuses_bad_flags_in_one_line(argv, message, capsys):
     assert e.value.code == 2 and message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("script", ["sdpa_probe.py", "emu.py", "nvcc_check.py"])
+@pytest.mark.parametrize("script", ["sdpa_probe.py", "emu.py", "nvcc_check.py", "target_quality.py"])
 def test_the_dev_tools_run_as_files(script, tmp_path):
     """`python dev/sdpa_probe.py` and its neighbours, from any folder."""
     r = subprocess.run([sys.executable, os.path.join(DEV, script), "--help"], cwd=tmp_path,
@@ -337,3 +337,21 @@ def test_no_engine_file_imports_dev():
     for path in engine_files():
         text = open(path, encoding="utf-8").read()
         assert not re.search(r"^\s*(from|import) dev\b", text, flags=re.M), path
+
+
+def test_target_quality_scores_the_same_windows_for_every_target(tmp_path, monkeypatch, capsys):
+    """dev/target_quality.py on two tiny targets over made-up held-out sets: a line per set and
+    per prompt set and temperature; the same target scores the same twice (fixed windows)."""
+    import numpy as np
+    from dev import target_quality
+    from test_model import save_tiny
+    save_tiny(tmp_path / "a.pt", seed=0)
+    rng = np.random.default_rng(0)
+    fake = {name: rng.integers(0, 90, 4000).astype(np.uint16) for name in ("val", "ood")}
+    monkeypatch.setattr(target_quality, "held_out_tokens", lambda: fake)
+    target_quality.main([str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--batches", "2",
+                         "--n-prompts", "2", "--new-tokens", "9", "--threads", "1"])
+    out = capsys.readouterr().out
+    scores = re.findall(r"(val|ood) +loss ([0-9.]+) nats/token, ([0-9.]+) bits/byte", out)
+    assert len(scores) == 4 and scores[:2] == scores[2:]
+    assert out.count("of 8-grams repeated") == 2 * 2 * 2  # two targets, two prompt sets, T = 0, 1

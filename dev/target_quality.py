@@ -1,0 +1,70 @@
+"""
+How good a target is, the figures issue 52 compares targets by: held-out loss and bits per byte
+on each held-out set, and how much its own text loops (the share of repeated 8-grams in its
+continuations of the committed prompts, greedy and sampled; real code repeats ~2 %).
+
+    python dev/target_quality.py weights/cpu/target.pt out/interim/target.pt
+    python dev/target_quality.py weights/cpu/target.pt --batches 8 --new-tokens 64   # quicker
+
+Held-out sets: "val" (the small corpus's held-out files, the split the committed weights were
+scored on), "val-all" (the broad corpus's) and "ood" (data.OOD_PACKAGES, which no corpus
+trains on); the same windows for every target (fixed seed). Prompts: the first --n-prompts of
+weights/heldout_prompts.jsonl and of weights/ood_prompts.jsonl.
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import data  # noqa: E402
+from checkpoint import load_target  # noqa: E402
+from speculate import generate  # noqa: E402
+from train import evaluate, get_batch  # noqa: E402
+
+
+def held_out_tokens():
+    """{name: 1-D uint16 token array} of the three held-out sets."""
+    enc = data.get_encoding()
+    ood = [t for _, t in data.read_texts(data.corpus_files("all")["ood"])]
+    ood_ids = [i for ids in enc.encode_ordinary_batch(ood) for i in ids + [enc.eot_token]]
+    return {"val": data.load_tokens("val"), "val-all": data.load_tokens("val", corpus="all"),
+            "ood": np.array(ood_ids, dtype=np.uint16)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=data.DefaultsHelp)
+    p.add_argument("targets", nargs="+", help="target checkpoints (or Hugging Face folders)")
+    p.add_argument("--batches", type=int, default=32, help="held-out batches of 8 x 384 a set")
+    p.add_argument("--n-prompts", type=int, default=10, help="prompts of each committed file")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens per continuation")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    enc, sets = data.get_encoding(), held_out_tokens()
+    prompt_sets = {"held-out": data.reference_prompts(args.n_prompts),
+                   "ood": data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]}
+    for path in args.targets:
+        target = load_target(path)
+        T = target.cfg.max_seq_len
+        print(f"== {path}: {target.n_params() / 1e6:.2f}M params")
+        for name, tokens in sets.items():
+            g = torch.Generator().manual_seed(1234)  # the same windows for every target
+            batches = [get_batch(tokens, 8, T, g, "cpu") for _ in range(args.batches)]
+            loss, bpb = evaluate(target, batches, enc)
+            print(f"  {name:8s} loss {loss:.3f} nats/token, {bpb:.3f} bits/byte "
+                  f"({len(tokens) / 1e6:.1f}M tokens)")
+        for name, texts in prompt_sets.items():
+            ids = [enc.encode_ordinary(t) for t in texts]
+            for temp in (0.0, 1.0):
+                outs, _ = generate(target, ids, max_new_tokens=args.new_tokens,
+                                   temperature=temp, seed=0)
+                rep = np.mean([data.repeated_ngram_fraction(o, 8) for o in outs])
+                print(f"  {name:8s} prompts, T = {temp:g}: {rep:.1%} of 8-grams repeated")
+
+
+if __name__ == "__main__":
+    main()
