@@ -91,3 +91,10 @@ def test_lines_within_100_columns():
 def test_the_engine_stays_small():
     total = sum(sum(1 for _ in open(f, encoding="utf-8")) for f in engine_files())
     assert total <= 4000, total
+
+
+def test_the_committed_weights_stay_within_60_mb():
+    """weights/ is in every clone: the reference checkpoints, an interim one and the prompts."""
+    sizes = [os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(ROOT, "weights"))
+             for f in files]
+    assert 0 < sum(sizes) <= 60e6, sum(sizes)
