@@ -15,6 +15,7 @@ One batch size per run: dev/sweep.py sweeps it (--option batch_size=1,4,16), or 
 """
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -125,9 +126,12 @@ def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
     """An untimed warm-up, then every method at every temperature, --repeats times in rounds (a
     drift in speed hits all alike), its median run against ar's there -> the table's rows."""
     runs = {(m, T): [] for m in drafters for T in temps}
-    for m, T in runs:  # warm-up: first-call allocations at this batch size, lazy CUDA init
-        generate(target, prompts[:batch_size], drafters[m], max_new_tokens=4, temperature=T,
-                 seed=0, K=max(Ks[m], 1), compile=args.compile)  # and compiles
+    # warm-up: first-call allocations, lazy CUDA init; compiled, each batch shape a run will
+    # take (a shorter last batch too) compiles and records its graph here, over a few passes
+    last = batch_size if args.continuous else len(prompts) % batch_size or batch_size
+    for (m, T), b in itertools.product(runs, dict.fromkeys([batch_size, last])):
+        generate(target, prompts[:b], drafters[m], max_new_tokens=32 if args.compile else 4,
+                 temperature=T, seed=0, K=max(Ks[m], 1), compile=args.compile)
     for r in range(args.repeats):
         for (m, T), rs in runs.items():
             rs.append(run(target, drafters[m], prompts, Ks[m], T, args, batch_size))
@@ -217,9 +221,9 @@ def get_parser():
     g.add_argument("--continuous", action="store_true", help="a finished row takes the next prompt")
     g.add_argument("--K", type=int, default=7, help="drafts per step of ngram, draft and eagle")
     add_drafter_flags(g)  # --block-size, --dflash-argmax, --tree, --mtp-draft, --confidence
-    g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="run every verify "
-                   "pass at one shape by a compiled forward: CUDA graphs on a GPU, inductor on a "
-                   "CPU (default: on a GPU only; a CPU compiles for ~30 s a method)")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="run every chain "
+                   "verify pass at one shape by a compiled forward (a tree's stays eager): CUDA "
+                   "graphs on a GPU, inductor on a CPU (default: on a GPU only; ~30 s a method)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method")
     g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median counts")
     g.add_argument("--prompts", help="a file: JSON lines with a \"prompt\", or blank-line blocks")

@@ -107,8 +107,9 @@ class DFlash(nn.Module):
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
         """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
         (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L such);
-        mask (B, 1, 1, T_ctx + S), the same for every query of a block, or None (= every query
-        sees every key: inference, rows of one length). In training, B is batch x anchors.
+        mask (B, 1, 1, T_ctx + S), the same for every query of a block (inference hides each row's
+        unused context slots), or None (every query sees every key). In training, B is batch x
+        anchors.
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):

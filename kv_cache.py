@@ -9,9 +9,9 @@ cache holds one length per row instead of one shared position:
     lengths  : (B,) int64            positions [0, lengths[b]) of row b are valid
 
 Appending T positions to row b writes at lengths[b] .. lengths[b]+T-1. Rollback is just
-`lengths = new_lengths`: nothing is copied or cleared. Stale entries past a row's length are
-hidden by the mask and later overwritten, which is why the mask is derived from the lengths
-and never from what the buffer happens to contain.
+new lengths (copied in place): nothing else is copied or cleared. Stale entries past a row's
+length are hidden by the mask and later overwritten, which is why the mask is derived from the
+lengths and never from what the buffer happens to contain.
 
 The same class serves the target, the small draft model, the MTP modules and the EAGLE drafter.
 (DFlash keeps only its context K/V, in plain buffers of this layout: kv_inject writes all
@@ -46,8 +46,12 @@ class KVCache:
         forward's mask (the same for every layer, so built once here). No host sync: a forward
         reads all max_len key slots and the mask hides those past each row's end, so its shapes
         depend on T alone and a CUDA graph can replay it (at this size the keys are cheap)."""
-        if T > self.max_len:  # writing past max_len fails in scatter_ anyway; this names why
-            raise ValueError(f"KV cache overflow: {T} positions > max_len {self.max_len}")
+        # past max_len a forward fails deep in torch (a device assert on a GPU); the full check
+        # reads the lengths back, so it runs only where that is free: a CPU, not compiling
+        free = not (self.lengths.is_cuda or torch.compiler.is_compiling())
+        if T > self.max_len or (free and int(self.lengths.max()) + T > self.max_len):
+            raise ValueError(f"KV cache overflow: {T} new positions exceed max_len "
+                             f"{self.max_len}")
         pos = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
         # query t of row b sees key j iff j <= lengths[b] + t: keys after the query's own
         # position are hidden, the row's later new tokens (causal) and, past lengths[b] + T,
@@ -71,7 +75,8 @@ class KVCache:
         """(B, 1, T, T_max) bool, True = may attend: this forward's mask (see positions)."""
         return self._mask
 
-    # lengths change in place: a captured CUDA graph reads this very tensor at every replay
+    # lengths change in place (advance, rollback): a CUDA graph reads this very tensor at every
+    # replay. So whoever keeps an old value of cache.lengths must .clone() it
     def advance(self, T):
         """Count T new positions (int or (B,) tensor) as cached once every layer has written
         them; a verify pass's drafts included (rollback() drops the rejected ones)."""

@@ -83,8 +83,9 @@ def apply_rope(x, cos, sin):
 
 
 # Both decoders (`generate` below, speculate.generate) run without cuDNN's attention, which torch
-# picks for bf16 GQA on a GPU: it plans each new shape (~70 ms), and decoding attends to a new
-# number of keys every pass (docs/experiments.md, "bfloat16 and cuDNN"). Training keeps it.
+# picks for bf16 GQA on a GPU: it plans each new shape (~70 ms), and decoding's shapes change
+# with the number of new tokens and the cache size (docs/experiments.md, "bfloat16 and cuDNN").
+# Training keeps it.
 DECODING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -199,19 +199,19 @@ def static_step(target, B):
     rows over its whole context, kept on the target and reused by every call, so that a step's
     shapes, and on a GPU the cache's addresses, never change. A GPU replays each step as a CUDA
     graph (mode "reduce-overhead": one launch instead of hundreds); a CPU runs inductor's fused
-    kernels. One compile per step shape (minutes on a CPU, then cached). One generate at a time
+    kernels. One compile per step shape (~30 s on a CPU, then cached). One generate at a time
     per target: they would share the cache."""
-    if "_static" not in target.__dict__:
-        mode = "reduce-overhead" if target.head.weight.is_cuda else None
-        target._static = dict(forward=torch.compile(target.forward, mode=mode, dynamic=False))
-    key = (B, target.head.weight.dtype)
-    if key not in target._static:
-        cache = target._static[key] = target.new_cache(B)
-        if target.head.weight.is_cuda:  # written in place by the graph: its address is fixed
+    w, static = target.head.weight, target.__dict__.setdefault("_static", {})
+    if w.device not in static:
+        mode = "reduce-overhead" if w.is_cuda else None
+        static[w.device] = torch.compile(target.forward, mode=mode, dynamic=False)
+    if (key := (B, w.dtype, w.device)) not in static:
+        cache = static[key] = target.new_cache(B)
+        if w.is_cuda:  # written in place by the graph: its address is fixed
             for t in (cache.k, cache.v, cache.lengths):
                 torch._dynamo.mark_static_address(t)
-    target._static[key].lengths.zero_()  # stale entries are masked, as after any rollback
-    return target._static["forward"], target._static[key]
+    static[key].lengths.zero_()  # stale entries are masked, as after any rollback
+    return static[w.device], static[key]
 
 
 @torch.no_grad()
@@ -317,7 +317,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # 1. draft
         clock.mark("rest")
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
-        valid, past = torch.ones((), dtype=torch.bool, device=device), done & False
+        valid, past_vocab = torch.ones((), dtype=torch.bool, device=device), torch.zeros_like(done)
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
@@ -343,7 +343,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot
             # feeds token 0; a draft past the vocabulary, refused after the pass, is an empty
             # slot meanwhile: never accepted)
-            past = (drafts >= V).any(1)                                # (B,) read back below
+            past_vocab = (drafts >= V).any(1)                          # (B,) read back below
             drafts = torch.where(drafts < V, drafts, NO_DRAFT)
             x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)
             logits, hidden = verify(x, cache, hidden_layers=layers)           # (B, K'+1, V)
@@ -377,16 +377,15 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         stats["verify_passes"] += 1
         # per-position acceptance over the active rows that drafted there, whether a draft was
         # past the vocabulary (greedy never accepts one) or q no distribution, and which rows
-        # are done: one transfer to the host (with compile, a chain step's only sync)
+        # are done: one transfer to the host (the loop's only per-step read)
         active = ~done
         drafted = (drafts >= 0) & active[:, None]                   # (B, K')
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)
         # rows finish on their token budget or on the stop token (among what they committed)
         done |= (n - lens >= max_new_tokens) | (keep & (new == stop)).any(1)
-        parts = [active, drafted.sum(0), accepted, done, past, valid[None]]
-        host = torch.cat([p.long() for p in parts]).tolist()
-        act, att, acc, fin, past_v, ok = (host[sum(map(len, parts[:i])):][:len(p)]
-                                          for i, p in enumerate(parts))
+        parts = [active, drafted.sum(0), accepted, done, past_vocab, valid[None]]
+        host = torch.cat([x.long() for x in parts]).cpu().split([len(x) for x in parts])
+        act, att, acc, fin, past_v, ok = (x.tolist() for x in host)
         if not ok[0]:
             raise ValueError(BAD_Q.format(V=V))
         if any(past_v):

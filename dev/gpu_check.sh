@@ -80,7 +80,9 @@ step sdpa 15 $PY dev/sdpa_probe.py
 B="$PY bench.py --device cuda --methods ar,dflash,eagle,mtp,ngram"  # the committed weights/cpu
 step bench_eager 100 $B --no-compile --json "$LOG/bench_eager.json"
 # the first call of each method compiles its verify shape (untimed warm-up; minutes in all?)
-step bench_graphs 225 $B --compile --json "$LOG/bench_graphs.json"
+# perf_hints: a "skipping cudagraphs" line means the compiled path ran without graphs
+step bench_graphs 225 env TORCH_LOGS=recompiles,perf_hints $B --compile \
+  --json "$LOG/bench_graphs.json"
 TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
 $PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 \
   --mtp-depth 2 --eval-every 10 --eval-batches 2 --out-path "$W/target.pt" &&

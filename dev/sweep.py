@@ -92,6 +92,7 @@ def main(argv=None):
     if max(sizes) > len(texts):  # else a batch that never ran
         die(f"a batch of {max(sizes)} rows needs at least as many prompts ({len(texts)})")
     device, dtype = checked(get_device, args.device), getattr(torch, args.dtype)
+    args.compile = device.type == "cuda" if args.compile is None else args.compile  # as bench
     if args.json:
         checked(data.check_writable, args.json, flag="--json ")
     target = checked(load_target, args.target, device=device, dtype=dtype)

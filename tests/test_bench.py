@@ -349,7 +349,7 @@ def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "run", run)
     monkeypatch.setattr(bench, "generate", lambda *a, **k: None)  # the untimed warm-up
-    args = argparse.Namespace(repeats=3, compile=False)
+    args = argparse.Namespace(repeats=3, compile=False, continuous=False)
     ar, ngram = bench.bench_rows(None, {"ar": "ar", "ngram": "ngram"}, {"ar": 0, "ngram": 7}, [[1]], [1.0], 1, args)
     assert order == ["ar", "ngram"] * 3  # one run of every method per round, not three of one in a row
     assert ar["wall_s"] == 2.0 and ar["wall_s_runs"] == [3.0, 1.0, 2.0]

@@ -112,6 +112,9 @@ def test_cache_overflow_and_long_prompt_errors():
         m(torch.zeros(1, 9, dtype=torch.long), cache)
     m(torch.zeros(1, 8, dtype=torch.long), cache)  # exactly full is fine
     assert cache.lengths.tolist() == [8]
+    cache.rollback(torch.tensor([6]))  # 6 cached + 3 new: past the end, named on a CPU
+    with pytest.raises(ValueError, match="overflow"):
+        m(torch.zeros(1, 3, dtype=torch.long), cache)
     for b in (1, -1):  # a row that does not exist is an error, not an empty view
         with pytest.raises(IndexError, match="of a cache of 1 rows"):
             cache.row(b)
