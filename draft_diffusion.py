@@ -227,6 +227,7 @@ class DFlashDrafter:
     """The drafter interface of speculate.py. Its state is the per-layer cache of context K/V
     for the target-fed positions 0..N-2 of every row (ragged lengths, like the target's).
     When sampling, each slot's draft is drawn from its own q (sample=False: argmax drafts)."""
+    static_shapes = True  # generate(compile=True) compiles propose
 
     def __init__(self, target, dflash, block_size=None, sample=True, confidence=0.0):
         bs = dflash.block_size if block_size is None else block_size  # 0 is refused, not default

@@ -144,6 +144,7 @@ class Eagle(nn.Module):
 
 class EagleDrafter:
     """The drafter interface of speculate.py (see the module docstring for the positions)."""
+    static_shapes = True  # generate(compile=True) compiles propose
     default_K = 7
 
     def __init__(self, target, eagle, sample=True, confidence=0.0):
@@ -160,6 +161,7 @@ class EagleDrafter:
         self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)
         self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)  # (B, T_max, C): f_p per position
         self.cache = KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)
+        self.catch_up(tokens, n)  # the prompts, so that a step's catch-up is at most K + 1 wide
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
@@ -178,13 +180,14 @@ class EagleDrafter:
         self.cache.lengths[b] = fed - 1
 
     @torch.no_grad()
-    def catch_up(self, tokens, n):
-        """Feed positions up to P = n-2 with true features in one padded pass -> output feature
-        (B, C) and logits (B, V) at P, which draft d_1 = x_n. The cache ends at P + 1."""
+    def catch_up(self, tokens, n, bound=None):
+        """Feed positions up to P = n-2 with true features in one padded pass (at most bound
+        a row: ragged_positions) -> output feature (B, C) and logits (B, V) at P, which draft
+        d_1 = x_n. The cache ends at P + 1."""
         P, cache, C = n - 2, self.cache, self.feat.shape[2]
         cache.rollback(torch.minimum(cache.lengths, P))        # rerun at least P (rows, n_new = 0)
         start = cache.lengths.clone()
-        p_idx = ragged_positions(start, P)                            # (B, m), padded with P
+        p_idx = ragged_positions(start, P, bound)                     # (B, m), padded with P
         h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p
         e = self.target.embed(tokens.gather(1, p_idx + 1))      # (B, m, C): x_{p+1}, committed
         out, _ = run_layer(self.eagle.layer, self.target, cache, e, h)  # junk past P ...
@@ -204,7 +207,7 @@ class EagleDrafter:
         # NOTE: drafting writes up to K positions past n: a row too close to the buffers' end (a
         # finished one, drafts unused) drafts from an earlier point; speculate.generate leaves room
         n = n.clamp(max=tokens.shape[1] - K - 1)
-        h, logits = self.catch_up(tokens, n)
+        h, logits = self.catch_up(tokens, n, bound=K + 1)  # the last step's commits, + 1
         # each step feeds back its own feature + draft; --confidence stops it early (draft_chain)
         out = draft_chain(self.step, h, logits, K, temperature, top_k, generator, self.sample,
                           self.confidence)

@@ -20,20 +20,29 @@ from model import draw, logits_to_probs
 from speculate import NO_DRAFT
 
 
-def ragged_positions(start, last):
+def ragged_positions(start, last, bound=None):
     """Positions start[b]..last[b] of every row, padded by repeating last[b]: (B, m). The drafters
     with a cache of their own catch it up on ragged rows in one pass this way; the padding writes
-    junk past a row's end, which the caller's rollback hides."""
-    m = int((last - start).max()) + 1
+    junk past a row's end, which the caller's rollback hides. Compiled (generate(compile=True)),
+    m is bound, a static upper bound on every row's count, so the pass has one shape and no host
+    read; eager, m is the longest row's count (a host read, and a smaller pass), checked against
+    the bound, so that the eager tests hold every bound the compiled path relies on."""
+    if torch.compiler.is_compiling():
+        m = bound
+    else:
+        m = int((last - start).max()) + 1
+        if bound is not None and m > bound:
+            raise RuntimeError(f"a drafter's catch-up needs {m} positions, past its bound {bound}"
+                               " (a generate's K must stay the same from step to step)")
     return torch.minimum(start[:, None] + torch.arange(m, device=start.device), last[:, None])
 
 
-def feed_ragged(model, cache, tokens, n):
+def feed_ragged(model, cache, tokens, n, bound=None):
     """Feed each row's not-yet-cached committed tokens tokens[b, cache.lengths[b]:n[b]] in one
-    padded pass; return the logits (B, V) at each row's last real token (junk for a row with
-    nothing to feed)."""
+    padded pass (at most bound a row: ragged_positions); return the logits (B, V) at each row's
+    last real token (junk for a row with nothing to feed)."""
     start = cache.lengths.clone()
-    idx = ragged_positions(start, n - 1)                                    # (B, m)
+    idx = ragged_positions(start, n - 1, bound)                             # (B, m)
     logits, _ = model(tokens.gather(1, idx), cache)
     cache.rollback(n)
     # a finished row (n == start) feeds nothing real: clamp its index to the (junk) first slot
@@ -73,8 +82,11 @@ def cut_unsure(drafts, q, conf, C):
     on its own; dropping a draft for its own low q(d) leaves kept drafts drawn from q restricted
     to sure tokens, not from q, and biases the ratio test (tests/test_adaptive.py catches it)."""
     keep = F.pad((conf < C).long().cumsum(1)[:, :-1], (1, 0)) == 0  # none unsure before it
+    drafts = torch.where(keep, drafts, NO_DRAFT)
+    if torch.compiler.is_compiling():  # one shape, no host read: the empty slots stay
+        return drafts, q
     width = int(keep.sum(1).max())                                  # a host sync
-    return torch.where(keep, drafts, NO_DRAFT)[:, :width], (None if q is None else q[:, :width])
+    return drafts[:, :width], (None if q is None else q[:, :width])
 
 
 def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0):
@@ -88,7 +100,8 @@ def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0
         qs += [q] if q is not None else []
         if C > 0:  # decided after slot i is drafted: only later slots may go
             conf.append(confidence(logits, d))
-            if bool((torch.stack(conf, 1) < C).any(1).all()):  # every row stopped (a host sync)
+            # every row stopped: no more passes (a host read, so eager only; compiled, all K run)
+            if not torch.compiler.is_compiling() and bool((torch.stack(conf, 1) < C).any(1).all()):
                 break
         if i < K - 1:
             h, logits = step(h, d)
@@ -130,6 +143,7 @@ class NgramDrafter:
 
 class ModelDrafter:
     """A smaller model of the target's family drafts K tokens one at a time (module docstring)."""
+    static_shapes = True  # generate(compile=True) compiles propose
     hidden_layers = ()
 
     def __init__(self, model, sample=True, confidence=0.0):
@@ -139,12 +153,14 @@ class ModelDrafter:
     def params(self):
         return self.model.n_params()
 
-    def prefill(self, tokens, n, feats):  # nothing fed: the first propose catches up on the prompts
+    @torch.no_grad()
+    def prefill(self, tokens, n, feats):
         T, ctx = tokens.shape[1], self.model.cfg.max_seq_len
         if T > ctx:  # its positions run as far as the target's
             raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
                              f"headroom), past the draft model's context of {ctx}")
         self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
+        feed_ragged(self.model, self.cache, tokens, n - 1)  # the prompts but the pending token
 
     def update(self, *args):  # propose catches up on the committed tokens itself
         pass
@@ -157,7 +173,8 @@ class ModelDrafter:
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        logits = feed_ragged(self.model, self.cache, tokens, n)  # catch up on committed tokens
+        # catch up on the committed tokens: the last step's accepted ones and the pending one
+        logits = feed_ragged(self.model, self.cache, tokens, n, bound=K + 1)
         step = lambda h, d: (h, self.model(d[:, None], self.cache)[0][:, -1])
         out = draft_chain(step, None, logits, K, temperature, top_k, generator, self.sample,
                           self.confidence)

@@ -97,6 +97,7 @@ class PostHocMTP(MTP):
 
 class MTPDrafter:
     """Chains the MTP modules as a drafter for speculate.generate (see the module docstring)."""
+    static_shapes = True  # generate(compile=True) compiles propose
 
     def __init__(self, target, mtp, n_draft=None, sample=True, confidence=0.0):
         self.target, self.mtp, self.sample, self.confidence = target, mtp, sample, confidence
@@ -110,6 +111,7 @@ class MTPDrafter:
     def params(self):
         return self.mtp.n_params()
 
+    @torch.no_grad()
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
         cfg, dev, dt = self.target.cfg, tokens.device, self.target.head.weight.dtype
@@ -118,6 +120,8 @@ class MTPDrafter:
         self.H[0, :, :feats.shape[1]] = feats
         self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
                        for _ in range(self.mtp.depth)]
+        for k in range(1, self.mtp.depth + 1):  # the prompts, so that a step's catch-up is short
+            self.run_module(k, tokens, n, step=False)
 
     def update(self, tokens, n, feats, n_new):
         # the verify pass fed positions n - n_new - 1 onward: store its features there
@@ -136,12 +140,17 @@ class MTPDrafter:
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
-    def run_module(self, k, ext, n):
+    def run_module(self, k, ext, n, step=True):
         """Catch module k up to the last fed position P = n-2 (ext: committed tokens, then the
-        drafts so far) -> its logits (B, V) at P, which predict token n-1+k."""
+        drafts so far) -> its logits (B, V) at P, which predict token n-1+k. step: in a step,
+        after prefill (not: prefill itself)."""
         target, mod, cache, P = self.target, self.mtp.mods[k - 1], self.caches[k - 1], n - 2
         cache.rollback(torch.minimum(cache.lengths, P))      # at least position P is (re)run
-        p_idx = ragged_positions(cache.lengths, P)          # (B, m)
+        # at most the last step's commits (<= max_K) + k, as every module ran in it; not so after
+        # an eager step that --confidence stopped early, which reads the width back instead
+        exact = step and (torch.compiler.is_compiling() or not self.confidence)
+        bound = self.max_K + k if exact else None
+        p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
         out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))
         # NOTE: write at pos, where the padding's junk lands past P; p_idx repeats P in the

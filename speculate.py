@@ -31,7 +31,8 @@ hidden_layers, concatenated (B, T, F):
                                   drafter rolls back itself
     refill(b, tokens, n, feats)   row b holds a new prompt (continuous batching)
 Optional: default_K and max_K (drafts per step), vocab_size, target (the target it was built
-for), params().
+for), params(), static_shapes (True: compiled, propose has one shape for a batch size and K and
+reads nothing back to the host, so generate(compile=True) compiles it).
 
     python sample.py --method dflash --prompt "def parse(" --check
 """
@@ -194,24 +195,31 @@ class StepClock:
         return out
 
 
+def compiled(fn, owner, device):
+    """torch.compile(fn) for generate(compile=True), made once per device and kept on owner (the
+    target, a drafter). A GPU replays it as CUDA graphs (mode "reduce-overhead": one launch
+    instead of hundreds); a CPU runs inductor's fused kernels. One compile per shape (~30 s on
+    a CPU, then cached); dynamic=False, so a new shape compiles anew instead of running slower
+    code for every shape."""
+    fns = owner.__dict__.setdefault("_compiled", {})
+    if device not in fns:
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        fns[device] = torch.compile(fn, mode=mode, dynamic=False)
+    return fns[device]
+
+
 def static_step(target, B):
-    """For generate(compile=True): the target's forward under torch.compile and one cache of B
-    rows over its whole context, kept on the target and reused by every call, so that a step's
-    shapes, and on a GPU the cache's addresses, never change. A GPU replays each step as a CUDA
-    graph (mode "reduce-overhead": one launch instead of hundreds); a CPU runs inductor's fused
-    kernels. One compile per step shape (~30 s on a CPU, then cached). One generate at a time
-    per target: they would share the cache."""
+    """The target's compiled forward and one cache of B rows over its whole context, kept on the
+    target and reused by every call, so that a step's shapes, and on a GPU the cache's
+    addresses, never change. One generate at a time per target: they would share the cache."""
     w, static = target.head.weight, target.__dict__.setdefault("_static", {})
-    if w.device not in static:
-        mode = "reduce-overhead" if w.is_cuda else None
-        static[w.device] = torch.compile(target.forward, mode=mode, dynamic=False)
     if (key := (B, w.dtype, w.device)) not in static:
         cache = static[key] = target.new_cache(B)
         if w.is_cuda:  # written in place by the graph: its address is fixed
             for t in (cache.k, cache.v, cache.lengths):
                 torch._dynamo.mark_static_address(t)
     static[key].lengths.zero_()  # stale entries are masked, as after any rollback
-    return static[w.device], static[key]
+    return compiled(target.forward, target, w.device), static[key]
 
 
 @torch.no_grad()
@@ -224,8 +232,10 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
     tree: a tree.DraftTree to verify a tree of DFlash's candidates instead of a chain (default:
     the drafter's .tree, which load_drafter("dflash-tree") sets, else none). compile: every
-    verify pass over all K+1 positions (empty slots padded), by a compiled forward (static_step;
-    a tree's pass stays eager): greedy tokens as without, sampled ones other draws of the same
+    verify pass over all K+1 positions (empty slots padded), by a compiled forward (static_step),
+    and a drafter's propose compiled too where it has one shape (its static_shapes); the
+    buffers span the target's whole context, so no shape depends on the prompts (a tree's passes
+    and ngram stay eager). Greedy tokens as without, sampled ones other draws of the same
     distribution (the padding changes how many uniforms a step takes).
     Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
     and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included, and
@@ -255,12 +265,16 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             return logits.argmax(-1)
         return draw(logits_to_probs(logits, temperature, top_k), g)
 
-    tokens = torch.zeros(B, T_max, dtype=torch.long, device=device)  # committed tokens per row
+    T_buf = target.cfg.max_seq_len if compile else T_max  # compiled: one shape for any prompts
+    tokens = torch.zeros(B, T_buf, dtype=torch.long, device=device)  # committed tokens per row
     for b, pr in enumerate(prompts[:B]):
         tokens[b, :len(pr)] = pr
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) prompt lengths
     n, rows = lens.clone(), torch.arange(B, device=device)
     verify, cache = static_step(target, B) if compile else (target, target.new_cache(B, T_max))
+    propose = getattr(drafter, "propose", None)
+    if compile and getattr(drafter, "static_shapes", False):
+        propose = compiled(drafter.propose, drafter, device)
     # the prompt pass counts as a pass that yields one token (so plain decoding's tau is 1);
     # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
     stats = dict(verify_passes=1, row_passes=[1] * len(prompts),
@@ -321,8 +335,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
-            drafts, q = drafter.propose(tokens, n, K, temperature=temperature, top_k=top_k,
-                                        generator=g)
+            drafts, q = propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
             if (v := check_proposal(drafts, q, B, K, V, sampling)) is not None:
                 valid = v                                           # read back below
             if compile:  # one shape for every pass: K drafts, the missing ones empty

@@ -1,36 +1,59 @@
 """
 generate(compile=True): every verify pass the same shape, run by a compiled forward over one
-reused cache (speculate.static_step). Greedy tokens must equal the eager loop's, and sampled
-ones keep the target's distribution. On a CPU this is inductor (a C++ compiler, ~10-30 s a
+reused cache (speculate.static_step), and each drafter's propose compiled too (ngram's runs on
+the host). Greedy tokens must equal the eager loop's, and sampled ones keep the target's
+distribution. On a CPU this is inductor (a C++ compiler, ~10-30 s a
 shape for these tiny models); the CUDA-graph path runs in the GPU test at the end.
 """
 
+import copy
 from collections import Counter
 
 import pytest
 import torch
 
 import speculate
-from draft_simple import NgramDrafter
+from draft_simple import ModelDrafter, NgramDrafter
 from model import generate as naive_generate
 from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
-                            feature_drafter, loopy_target, prompts, sampling_target,
-                            total_variation, tv_bound)
+                            feature_drafter, loopy_target, make_drafter, other_model, prompts,
+                            sampling_drafters, sampling_target, total_variation, tv_bound)
 
 has_gpu = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("name", ["plain", "ngram", "dflash"])
-def test_compiled_steps_give_the_greedy_tokens_of_eager_ones(name):
+def strict(monkeypatch):
+    """Drafters' propose compiled with fullgraph=True: torch.compile then refuses any graph
+    break, which a host read (int(), .tolist(), a branch on a tensor) would be, so a drafter
+    that compiles reads nothing back and has one shape."""
+    def compiled(fn, owner, device):
+        if isinstance(owner, torch.nn.Module):  # the target: as generate does
+            return real(fn, owner, device)
+        return owner.__dict__.setdefault("_strict", torch.compile(fn, fullgraph=True,
+                                                                  dynamic=False))
+    real = speculate.compiled
+    monkeypatch.setattr(speculate, "compiled", compiled)
+
+
+@pytest.mark.parametrize("name,conf", [("plain", 0), ("ngram", 0), ("draft", 0), ("mtp", 0),
+                                       ("eagle", 0), ("dflash", 0), ("eagle", 0.3),
+                                       ("mtp", 0.3)])
+def test_compiled_steps_give_the_greedy_tokens_of_eager_ones(name, conf, monkeypatch):
     """5 prompts through 2 rows (continuous batching: rows finish while others run, and a
-    stop token ends some early), K = 4: the same outputs as eager decoding and as the naive
-    reference, and the same number of passes (padding the drafts to K changes no decision)."""
+    stop token ends some early), K = 4 (mtp: its 3 modules): the same outputs as eager decoding
+    and as the naive reference, and the same number of passes (padding the drafts to K changes
+    no decision). Each drafter's propose compiles as one graph (strict); with --confidence the
+    compiled one drafts all K and cuts by empty slots instead of stopping early."""
+    strict(monkeypatch)
     target = loopy_target()
-    drafter = {"plain": None, "ngram": NgramDrafter(),
-               "dflash": feature_drafter("dflash", target)}[name]
+    drafter = {"plain": lambda: None, "ngram": NgramDrafter,
+               "draft": lambda: make_drafter("draft", target)}.get(
+        name, lambda: feature_drafter(name, target))()
+    if conf:
+        drafter.confidence = conf
     batch = [list(p) for p in prompts("repetitive")[:5]]
     stop = naive_generate(target, batch[1], 12)[9]  # prompt 1 stops at its 10th token
-    kw = dict(max_new_tokens=12, K=4, batch_size=2, stop_token=stop)
+    kw = dict(max_new_tokens=12, K=3 if name == "mtp" else 4, batch_size=2, stop_token=stop)
     eager, st_e = speculate.generate(target, batch, drafter, **kw)
     compiled, st_c = speculate.generate(target, batch, drafter, compile=True, **kw)
     assert compiled == eager and st_c["row_passes"] == st_e["row_passes"]
@@ -45,27 +68,32 @@ def test_compiled_steps_give_the_greedy_tokens_of_eager_ones(name):
     assert cache.max_len == target.cfg.max_seq_len  # one shape, whatever the prompts
 
 
-def test_compiled_sampling_keeps_the_target_distribution():
+@pytest.mark.parametrize("name", ["ngram", "draft-q", "dflash-q"])
+def test_compiled_sampling_keeps_the_target_distribution(name):
     """Padded drafts take other uniforms than the eager loop's, so the rows differ; their
-    distribution must not (the bound of tests/test_speculate.py)."""
-    target, drafter = sampling_target(), NgramDrafter(n=2)
+    distribution must not (the bound of tests/test_speculate.py). draft-q and dflash-q draw
+    their drafts inside a compiled propose (the generator's draw breaks the graph there)."""
+    target, drafter = sampling_target(), sampling_drafters()[name]
     exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
-    outs, _ = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
-                                 max_new_tokens=SAMPLE_TOKENS, K=2, temperature=1.0, top_k=TOP_K,
-                                 seed=0, compile=True)
+    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
+                                  max_new_tokens=SAMPLE_TOKENS, K=2, temperature=1.0,
+                                  top_k=TOP_K, seed=0, compile=True)
     tv = total_variation(Counter(tuple(o) for o in outs), exact)
     assert tv < tv_bound(exact, SAMPLE_ROWS)
+    assert 0.05 < st["acceptance_per_position"][0] < 0.95  # the rule's branches both ran
 
 
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
-@pytest.mark.parametrize("name", ["plain", "dflash"])
+@pytest.mark.parametrize("name", ["plain", "draft", "mtp", "eagle", "dflash"])
 def test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding(name):
     """On a GPU the compiled forward is replayed as CUDA graphs (mode "reduce-overhead"), over a
     cache at fixed addresses: greedy rows equal the eager loop's on the same GPU."""
-    target = loopy_target().cuda()
-    drafter = None if name == "plain" else feature_drafter("dflash", target)
+    target = copy.deepcopy(loopy_target()).cuda()  # a copy: .cuda() moves a module in place
+    drafter = {"plain": lambda: None,
+               "draft": lambda: ModelDrafter(copy.deepcopy(other_model()).cuda())}.get(
+        name, lambda: feature_drafter(name, target))()
     batch = [list(p) for p in prompts("repetitive")[:5]]
-    kw = dict(max_new_tokens=12, K=4, batch_size=2)
+    kw = dict(max_new_tokens=12, K=3 if name == "mtp" else 4, batch_size=2)
     eager, _ = speculate.generate(target, batch, drafter, **kw)
     for _ in range(2):  # the first call records the graphs, the second replays them
         assert speculate.generate(target, batch, drafter, compile=True, **kw)[0] == eager
