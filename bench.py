@@ -159,7 +159,7 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
     print("\n" + "=" * 100 + f"\nmachine   {platform.processor() or u.machine} | {u.system} "
           f"{u.release} | {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
     print(f"device    {device} ({gpu}) | dtype {args.dtype} | torch {torch.__version__} | CUDA "
-          f"extension active: {kernels.available(device)} | compiled verify: {args.compile}"
+          f"extension active: {kernels.available(device)} | compiled steps: {args.compile}"
           + (" (CUDA graphs)" if args.compile and device.type == "cuda" else ""))
     print(f"target    preset {t['preset']} | {t['params'] / 1e6:.2f}M params | {t['path']}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items()
@@ -222,8 +222,9 @@ def get_parser():
     g.add_argument("--K", type=int, default=7, help="drafts per step of ngram, draft and eagle")
     add_drafter_flags(g)  # --block-size, --dflash-argmax, --tree, --mtp-draft, --confidence
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="run every chain "
-                   "verify pass at one shape by a compiled forward (a tree's stays eager): CUDA "
-                   "graphs on a GPU, inductor on a CPU (default: on a GPU only; ~30 s a method)")
+                   "verify pass and each learned drafter's propose at one shape, compiled (a "
+                   "tree's and ngram's stay eager): CUDA graphs on a GPU, inductor on a CPU "
+                   "(default: on a GPU only; ~30 s a shape to compile, untimed)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every method")
     g.add_argument("--repeats", type=int, default=1, help="timed runs per row; the median counts")
     g.add_argument("--prompts", help="a file: JSON lines with a \"prompt\", or blank-line blocks")

@@ -196,11 +196,9 @@ class StepClock:
 
 
 def compiled(fn, owner, device):
-    """torch.compile(fn) for generate(compile=True), made once per device and kept on owner (the
-    target, a drafter). A GPU replays it as CUDA graphs (mode "reduce-overhead": one launch
-    instead of hundreds); a CPU runs inductor's fused kernels. One compile per shape (~30 s on
-    a CPU, then cached); dynamic=False, so a new shape compiles anew instead of running slower
-    code for every shape."""
+    """torch.compile(fn) for generate(compile=True), kept on owner (the target, a drafter) per
+    device. A GPU replays it as CUDA graphs (mode "reduce-overhead": one launch instead of
+    hundreds), a CPU runs inductor's fused kernels; one compile per shape (~30 s on a CPU)."""
     fns = owner.__dict__.setdefault("_compiled", {})
     if device not in fns:
         mode = "reduce-overhead" if device.type == "cuda" else None

@@ -11,11 +11,13 @@
 #    reference at B = 1 and B = 32
 # 3. the kernel tests (kernels == references, end-to-end dflash with the kernels on), without
 #    the tests of the CPU emulation (dev/emu.h), which stand in for this step without a GPU;
-#    and tests/test_static.py: compiled steps replayed as CUDA graphs give eager's tokens
+#    and tests/test_static.py's GPU test: compiled steps (the target's verify pass and each
+#    drafter's propose) replayed as CUDA graphs give eager's tokens
 # 4. which attention kernel the target's masked grouped-query pass gets (dev/sdpa_probe.py)
 # 5. bench.py on the GPU with the committed cpu weights, every method but `draft` (8 passes per
 #    1.5 tokens), eager (--no-compile) and then with every verify pass a replayed CUDA graph
-#    (--compile, the GPU's default): issue 49's table. A model this small is bound by per-op
+#    (--compile, the GPU's default; each learned drafter's propose compiled too): issue 49's
+#    table. A model this small is bound by per-op
 #    overhead (~450 aten ops a step; one plain step on this project's slowest 2-core CPU:
 #    11 ms, ~1.6 ms of it matmuls), and on a GPU each op is a launch. Each row's time and tau
 #    are printed as it ends; the compiled run first compiles each method's verify shape in its
@@ -74,7 +76,9 @@ step selfcheck 70 $PY dev/kernels_check.py
 XDIST=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
 EMULATED="emu or self_check_covers or self_check_fails or self_check_counts or ops_take"
 EMULATED="$EMULATED or dispatches"
-step tests 100 $PY -m pytest $XDIST -v -rs tests/test_kernels.py tests/test_static.py \
+# test_static's CPU tests (inductor) ran in CI; here only its CUDA-graph ones
+step tests 100 $PY -m pytest $XDIST -v -rs tests/test_kernels.py \
+  tests/test_static.py::test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding \
   -k "not ($EMULATED)"
 step sdpa 15 $PY dev/sdpa_probe.py
 B="$PY bench.py --device cuda --methods ar,dflash,eagle,mtp,ngram"  # the committed weights/cpu
