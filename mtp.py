@@ -121,7 +121,7 @@ class MTPDrafter:
         self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
                        for _ in range(self.mtp.depth)]
         for k in range(1, self.mtp.depth + 1):  # the prompts, so that a step's catch-up is short
-            self.run_module(k, tokens, n, step=False)
+            self.run_module(k, tokens, n)
 
     def update(self, tokens, n, feats, n_new):
         # the verify pass fed positions n - n_new - 1 onward: store its features there
@@ -140,16 +140,11 @@ class MTPDrafter:
                 self.H[k, b, :m] = out[0]
             cache.lengths[b] = m
 
-    def run_module(self, k, ext, n, step=True):
+    def run_module(self, k, ext, n, bound=None):
         """Catch module k up to the last fed position P = n-2 (ext: committed tokens, then the
-        drafts so far) -> its logits (B, V) at P, which predict token n-1+k. step: in a step,
-        after prefill (not: prefill itself)."""
+        drafts so far; at most bound a row) -> its logits (B, V) at P, predicting x_{n-1+k}."""
         target, mod, cache, P = self.target, self.mtp.mods[k - 1], self.caches[k - 1], n - 2
         cache.rollback(torch.minimum(cache.lengths, P))      # at least position P is (re)run
-        # at most the last step's commits (<= max_K) + k, as every module ran in it; not so after
-        # an eager step that --confidence stopped early, which reads the width back instead
-        exact = step and (torch.compiler.is_compiling() or not self.confidence)
-        bound = self.max_K + k if exact else None
         p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
         out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))
@@ -163,8 +158,13 @@ class MTPDrafter:
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         ext, rows = tokens.clone(), torch.arange(len(n), device=n.device)
 
+        # module k catches up on <= max_K + k (last step's commits + k; every module ran then,
+        # unless --confidence stopped an eager step early: no bound then)
+        exact = torch.compiler.is_compiling() or not self.confidence
+        run = lambda k: self.run_module(k, ext, n, self.max_K + k if exact else None)
+
         def step(k, d):  # module k's draft d is module k+1's input x_{n-1+k}
             ext[rows, n - 1 + k] = d  # a row that stopped (--confidence) runs on, unused
-            return k + 1, self.run_module(k + 1, ext, n)
-        return draft_chain(step, 1, self.run_module(1, ext, n), min(K, self.max_K), temperature,
+            return k + 1, run(k + 1)
+        return draft_chain(step, 1, run(1), min(K, self.max_K), temperature,
                            top_k, generator, self.sample, self.confidence)
