@@ -47,6 +47,8 @@
 # 7. bench 95 s: bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at
 #    T = 0 and 1 (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension
 #    built first (~18 s on an H200, dev/gpu_check.sh). gpu_check's same rows took 74 s there.
+#    Eager (--no-compile): compiling each method's shapes (the GPU's default) takes ~30 s a
+#    shape on a CPU and would not fit; dev/gpu_check.sh measures the compiled path.
 # Every step runs even if an earlier one failed (each has its limit, so a hang cannot eat the
 # lease); the exit status is non-zero if any failed.
 set -uo pipefail
@@ -171,7 +173,7 @@ par drafters 110 \
   mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 3e-3 $T_DISTILL $T_RUN"
 step export 15 bash -c export_all
 step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt --weights $W/weights \
-  --methods ar,ngram,mtp,eagle,dflash --json $LOG/bench_h200.json $T_BENCH
+  --methods ar,ngram,mtp,eagle,dflash --no-compile --json $LOG/bench_h200.json $T_BENCH
 verdict=$([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')
 echo "h200_train: logs in $LOG; $verdict" | tee -a "$TXT"
 exit $failed

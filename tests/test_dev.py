@@ -295,6 +295,7 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     assert all(a.target == target.out_path for a in drafters)
     (_, _, _, b), = by_step["bench"]
     assert b.target.endswith("weights/target.pt") and b.json.startswith(str(tmp_path / "log"))
+    assert b.compile is False  # compiling every shape would not fit the step's limit
 
     tiny = h200_dry_run(tmp_path, TINY="1", DEVICE="cpu")
     assert len(tiny) == len(runs) and all(a.device == "cpu" for *_, a in tiny)
