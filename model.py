@@ -41,17 +41,14 @@ class Config:  # placeholder sizes: every model is built from a PRESETS entry be
         self.head_dim = self.head_dim or self.n_embd // self.n_head
 
 
-# `tiny` for tests (seconds), `cpu` for the CPU benchmark, `gpu` (~100M params: minutes on one
-# H200). vocab_size is filled from the tokenizer at build time.
+# `tiny` for tests (seconds), `cpu` for the reference target (weights/cpu; the GPU runs it too).
+# vocab_size is filled from the tokenizer at build time.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, max_seq_len=256),
     "cpu": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=768, max_seq_len=384),
-    "gpu": dict(n_layer=14, n_head=12, n_kv_head=4, n_embd=768, mlp_hidden=2048, max_seq_len=1024),
-    # the small models of the `draft` method (draft_simple.py): same family, same context
+    # the small model of the `draft` method (draft_simple.py): same family, same context
     "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384,
                       max_seq_len=384),
-    "gpu-draft": dict(n_layer=4, n_head=8, n_kv_head=4, n_embd=256, mlp_hidden=768,
-                      max_seq_len=1024),
 }
 
 

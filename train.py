@@ -27,7 +27,7 @@ from data import DefaultsHelp, check_writable
 from model import PRESETS, Config, Transformer
 from mtp import MTP
 
-DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0, "gpu": 5.0, "gpu-draft": 2.0}
+DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0}
 WEIGHT_DECAY, MTP_LAMBDA = 0.1, 0.3  # AdamW's on matrices only; native MTP's loss weight (/ D)
 
 
