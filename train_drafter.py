@@ -166,10 +166,15 @@ def main(args):
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
     t0, layers = time.time(), model.hidden_layers
-    with torch.no_grad():  # the frozen target's hidden states, once, not every step: (N, T, L * C)
-        feats = lambda x: torch.cat([torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
-                                     for i in range(0, len(x), 32)])
-        train_feats, val_feats = feats(train), feats(val)
+
+    def feats(x):  # the frozen target's hidden states, once, not every step: (N, T, L * C)
+        C, dtype = len(layers) * target.cfg.n_embd, target.head.weight.dtype
+        out = x.new_empty(*x.shape, C, dtype=dtype)
+        with torch.no_grad():  # filled in place: a torch.cat of the chunks would need twice this
+            for i in range(0, len(x), 32):
+                out[i:i + 32] = torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
+        return out
+    train_feats, val_feats = feats(train), feats(val)
     print(f"target features of layers {layers}: {tuple(train_feats.shape)} train, "
           f"{tuple(val_feats.shape)} val, in {time.time() - t0:.0f} s")
     # betas as train.py's; the light weight decay (train.py's WEIGHT_DECAY is 0.1) was not swept

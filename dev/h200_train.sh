@@ -7,6 +7,14 @@
 #   bash dev/h200_train.sh [LOG_DIR]     # logs go to LOG_DIR, else $OUT, else out/h200_train
 #   TINY=1 DEVICE=cpu WORK=/tmp/h200 bash dev/h200_train.sh /tmp/h200_log  # every step, tiny
 #   DRY_RUN=1 bash dev/h200_train.sh     # print the commands only (tests/test_dev.py parses them)
+#   FROM_WEIGHTS=weights/cpu DRAFTER_MINUTES=4.3 bash dev/h200_train.sh   # a second session
+#
+# A second session, once a first one's target is committed: FROM_WEIGHTS names a folder whose
+# target.pt and draft.pt are used as they are (no target or draft-model training), so the
+# drafters get DRAFTER_MINUTES each (default 1.3; 4.3 fits the call). A better target needs
+# longer-trained drafters: its greedy loops are its own per prompt, to be copied from the
+# context, not a few loops a drafter learns by heart (docs/experiments.md, "Drafters against
+# the interim target").
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
@@ -22,9 +30,10 @@
 # GPU: the times are guesses from the sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
 # 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 204 MB of
-#    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-32 s, one core busy (tiktoken's threads gave nothing), so
-#    ~7 MB/s. The H200 image holds more packages (jax, flax, pandas, scikit-learn, statsmodels,
-#    numba, ...): guess 300-400 MB, 95-125M tokens, 45-60 s.
+#    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-32 s, one core busy
+#    (tiktoken's threads gave nothing), so ~7 MB/s. The H200 image holds more packages (jax,
+#    flax, pandas, scikit-learn, statsmodels, numba, ...): guess 300-400 MB, 95-125M tokens,
+#    45-60 s.
 # 3. target 185 s: the `cpu` preset on the broad corpus, batch 256 x 384 tokens (98k a step),
 #    lr 3e-3 (the CPU run: 8 x 384 at 1.5e-3), bf16 autocast, 2.7 minutes on the clock (the
 #    schedule follows it). Guess: 1.5-3M tokens/s (a model this narrow is bound by memory
@@ -35,13 +44,14 @@
 #    from the broad corpus, each continued by 192 tokens of the target, in batches of 2,048,
 #    greedy and T = 1 in turn; guess 5-10 ms a decode step, 15-30 s), and the draft model
 #    (`cpu-draft`, 1.44M params, 0.8 minutes).
-# 5. drafters 110 s, three runs side by side, 1.3 minutes of training each after ~10 s of
-#    start-up (the target's features of all sequences). Each step is bound by launches and ends
-#    in a host sync: guess 15-30 ms a step for DFlash (batch 32), 30-50 for EAGLE (16, 7 test
-#    steps), 15-25 for MTP (16), so ~3,000 / ~2,000 / ~4,000 steps. Batch and lr are the CPU
-#    recipe's (train_drafter.RECIPE) scaled up, a guess: DFlash 8 -> 32 at 6e-4 -> 1.2e-3,
-#    EAGLE and MTP 2 -> 16 at 2e-3 -> 3e-3. The features sit on the GPU in fp32: 21 GB for
-#    DFlash (5 layers), 13 for EAGLE, 4 for MTP, twice that while they are concatenated.
+# 5. drafters 110 s (DRAFTER_MINUTES x 60 + 32), three runs side by side, 1.3 minutes of
+#    training each after ~10 s of start-up (the target's features of all sequences). Each
+#    step is bound by launches and ends in a host sync: guess 15-30 ms a step for DFlash
+#    (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for MTP (16), so ~3,000 / ~2,000 /
+#    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up, a
+#    guess: DFlash 8 -> 32 at 6e-4 -> 1.2e-3, EAGLE and MTP 2 -> 16 at 2e-3 -> 3e-3. The
+#    features sit on the GPU in fp32: 21 GB for DFlash (5 layers), 13 for EAGLE, 4 for MTP
+#    (38 GB: an H100's 80 hold them too).
 # 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
 #    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
 # 7. bench 95 s: bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at
@@ -74,7 +84,9 @@ DRAFT="$DRAFT --eval-every 250 --eval-batches 4 --save-minutes 0 --threads 4"
 # the distillation's settings name its cached file: every drafter run below reuses it
 D="--target $W/target.pt --out-dir $W --device $DEV --corpus all --n-seqs 16384"
 D="$D --n-val-seqs 256 --prompt-len 64 --gen-len 192 --distill-batch 2048 --threads 4"
-R="--minutes 1.3 --eval-every 500 --save-minutes 0"
+DM=${DRAFTER_MINUTES:-1.3}  # each drafter's training; its step's limit adds ~32 s of start-up
+FROM=${FROM_WEIGHTS:-}
+R="--minutes $DM --eval-every 500 --save-minutes 0"
 T_TRAIN="" T_DISTILL="" T_RUN="" T_BENCH=""
 if [ "${TINY:-0}" = 1 ]; then  # 30-40 s on a 2-core CPU once out/data-all is built
   T_TRAIN="--max-steps 3 --batch-size 4 --seq-len 64 --eval-every 2 --eval-batches 1 --threads 1"
@@ -158,15 +170,19 @@ $PY -c 'import os, torch; print(\"torch\", torch.__version__, \"CUDA\", torch.ve
 df -h . | tail -1"
 step env 10 bash -c "$ENV_REPORT"
 step data 85 $PY data.py --corpus all
-step target 185 $PY train.py $TARGET --minutes 2.7 --out-path $W/target.pt $T_TRAIN
+if [ -n "$FROM" ]; then  # the folder's target and draft model, as they are
+  step target 10 cp "$FROM/target.pt" "$FROM/draft.pt" "$W/"
+else
+  step target 185 $PY train.py $TARGET --minutes 2.7 --out-path $W/target.pt $T_TRAIN
+fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
   echo "NOTE: the target run did not finish; the drafters use its last save" | tee -a "$TXT"; }
 # a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt)
-par distill 70 \
-  distill "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 $T_DISTILL" \
-  draft "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN"
-par drafters 110 \
+DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 $T_DISTILL")
+[ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
+par distill 70 "${DISTILL[@]}"
+par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 1.2e-3 \
 --continuation-only $T_DISTILL $T_RUN" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 3e-3 $T_DISTILL $T_RUN" \

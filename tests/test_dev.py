@@ -247,12 +247,14 @@ def h200_dry_run(tmp_path, **env):
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
     assert r.returncode == 0, r.stderr
-    runs = []
+    runs, limits = [], {}
     for m in re.finditer(r"^== (\S+) \(at most (\d+) s\): (.*)$", r.stdout, flags=re.M):
+        limits[m[1].split("/")[0]] = int(m[2])  # a par's runs share its limit
         argv = shlex.split(m[3])
         if len(argv) > 1 and argv[0] == sys.executable and argv[1] in parsers:
             runs.append((m[1], int(m[2]), argv[1], parsers[argv[1]].parse_args(argv[2:])))
     assert not (tmp_path / "log").exists()  # a dry run writes nothing
+    assert len(limits) == 7 and sum(limits.values()) <= 580, limits  # one device call: 600 s
     return runs
 
 
@@ -263,9 +265,6 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     the files it brings back are at most 8 (the bf16 weights in parts of 15 MiB), and every
     command parses, at full size and with TINY=1 (a typo would cost the GPU lease)."""
     script = open(os.path.join(DEV, "h200_train.sh")).read()
-    limits = [int(line.split()[2]) for line in script.splitlines()
-              if line.startswith(("step ", "par "))]
-    assert len(limits) == 7 and sum(limits) <= 580, limits
     assert "from dev.export_weights import export_checkpoint" in script
     # bf16 weights the size of the committed ones, in 15 MiB parts, beside the other files
     names = set(re.findall(r'\$LOG/([\w.-]+)', script))
@@ -296,6 +295,13 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     (_, _, _, b), = by_step["bench"]
     assert b.target.endswith("weights/target.pt") and b.json.startswith(str(tmp_path / "log"))
     assert b.compile is False  # compiling every shape would not fit the step's limit
+
+    # a second session: the drafters alone, longer, against a committed target and draft model
+    second = h200_dry_run(tmp_path, FROM_WEIGHTS="weights/cpu", DRAFTER_MINUTES="4.3")
+    assert not [a for _, _, f, a in second if f == "train.py"]
+    longer = [(lim, a) for name, lim, f, a in second if name.startswith("drafters/")]
+    assert len(longer) == 3 and all(a.minutes == 4.3 and 4.3 * 60 + 15 <= lim
+                                    for lim, a in longer)
 
     tiny = h200_dry_run(tmp_path, TINY="1", DEVICE="cpu")
     assert len(tiny) == len(runs) and all(a.device == "cpu" for *_, a in tiny)
