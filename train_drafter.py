@@ -165,16 +165,14 @@ def main(args):
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
-    t0, layers = time.time(), model.hidden_layers
-
-    def feats(x):  # the frozen target's hidden states, once, not every step: (N, T, L * C)
-        C, dtype = len(layers) * target.cfg.n_embd, target.head.weight.dtype
-        out = x.new_empty(*x.shape, C, dtype=dtype)
-        with torch.no_grad():  # filled in place: a torch.cat of the chunks would need twice this
-            for i in range(0, len(x), 32):
-                out[i:i + 32] = torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
+    t0, layers, C = time.time(), model.hidden_layers, target.cfg.n_embd
+    def feats(x):  # the frozen target's hidden states (N, T, L * C), filled in place (a cat of
+        out = x.new_empty(*x.shape, len(layers) * C, dtype=target.head.weight.dtype)  # chunks: 2x)
+        for i in range(0, len(x), 32):
+            out[i:i + 32] = torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
         return out
-    train_feats, val_feats = feats(train), feats(val)
+    with torch.no_grad():  # once, not every step
+        train_feats, val_feats = feats(train), feats(val)
     print(f"target features of layers {layers}: {tuple(train_feats.shape)} train, "
           f"{tuple(val_feats.shape)} val, in {time.time() - t0:.0f} s")
     # betas as train.py's; the light weight decay (train.py's WEIGHT_DECAY is 0.1) was not swept
