@@ -140,10 +140,8 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     at_n = n_acc[:, None, None].expand(B, 1, V)
     p_n = p.gather(1, at_n)[:, 0]                                # (B, V)
     d_n = F.pad(drafts, (0, 1), value=NO_DRAFT).gather(1, n_acc[:, None])   # (B, 1)
-    if q is None:
-        q_n = torch.zeros_like(p_n).scatter_(1, d_n.clamp(min=0), 1.0)
-    else:
-        q_n = F.pad(q.float(), (0, 0, 0, 1)).gather(1, at_n)[:, 0]       # (B, V)
+    q_n = (torch.zeros_like(p_n).scatter_(1, d_n.clamp(min=0), 1.0) if q is None  # argmax: one-hot
+           else F.pad(q.float(), (0, 0, 0, 1)).gather(1, at_n)[:, 0])             # (B, V)
     q_n = torch.where(d_n >= 0, q_n, 0.0)                        # no draft there: q = 0
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
@@ -258,10 +256,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     stop = -1 if stop_token is None else stop_token  # -1: no committed token ever equals it
     feats = lambda hidden: torch.cat(hidden, -1) if hidden else None
 
-    def pick(logits):  # one token per row from (B, V) logits, as plain decoding would
-        if not sampling:
-            return logits.argmax(-1)
-        return draw(logits_to_probs(logits, temperature, top_k), g)
+    def pick(lg):  # one token per row from (B, V) logits, as plain decoding would
+        return draw(logits_to_probs(lg, temperature, top_k), g) if sampling else lg.argmax(-1)
 
     T_buf = target.cfg.max_seq_len if compile else T_max  # compiled: one shape for any prompts
     tokens = torch.zeros(B, T_buf, dtype=torch.long, device=device)  # committed tokens per row

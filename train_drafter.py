@@ -5,10 +5,10 @@ or `dflash` (draft_diffusion.py, arXiv 2602.06036).
 1. Self-distillation (DFlash sec. 4, EAGLE): the drafts are verified against *this* target, so
    the data is its own continuations of training prompts, half greedy, half at T = 1, cached
    as <out-dir>/distill_<target hash>_<settings>.pt.
-2. The target stays frozen; its hidden states on the data are computed once. A drafter model
-   has `hidden_layers`, `loss(target, tokens, feats, label_from)` -> (loss, per-position top-1
-   agreement counts) and `config_dict()`. The DFlash paper's recipe (AdamW, 4 % warm-up,
-   cosine, clip 1.0) for every method; batch and lr per method (RECIPE).
+2. The target stays frozen; its hidden states are computed once (or per batch: --features
+   step). A drafter model has `hidden_layers`, `loss(target, tokens, feats, label_from)` ->
+   (loss, per-position top-1 agreement counts) and `config_dict()`. The DFlash paper's recipe
+   (AdamW, 4 % warm-up, cosine, clip 1.0) for every method; batch and lr per method (RECIPE).
 3. <out-dir>/<method>.pt records its target's hash. The loop, with its --resume, is train.py's.
 
     python train_drafter.py --method dflash --minutes 10     # for the committed weights/cpu target
@@ -166,15 +166,15 @@ def main(args):
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
           f"target layers {model.hidden_layers}")
     t0, layers, C = time.time(), model.hidden_layers, target.cfg.n_embd
+    @torch.no_grad()
     def feats(x):  # the frozen target's hidden states (N, T, L * C), filled in place (a cat of
         out = x.new_empty(*x.shape, len(layers) * C, dtype=target.head.weight.dtype)  # chunks: 2x)
         for i in range(0, len(x), 32):
             out[i:i + 32] = torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
         return out
-    with torch.no_grad():  # once, not every step
-        train_feats, val_feats = feats(train), feats(val)
-    print(f"target features of layers {layers}: {tuple(train_feats.shape)} train, "
-          f"{tuple(val_feats.shape)} val, in {time.time() - t0:.0f} s")
+    train_feats, val_feats = feats(train) if args.features == "once" else None, feats(val)
+    print(f"target features of layers {layers} ({args.features}; {len(train)} + {len(val)} "
+          f"sequences of {train.shape[1]}), in {time.time() - t0:.0f} s")
     # betas as train.py's; the light weight decay (train.py's WEIGHT_DECAY is 0.1) was not swept
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     per_epoch, acc = max(1, len(train) // args.batch_size), None  # the rest sits out an epoch
@@ -184,7 +184,8 @@ def main(args):
         order = torch.Generator().manual_seed(args.seed + epoch)
         perm = torch.randperm(len(train), generator=order)
         idx = perm[j * args.batch_size:(j + 1) * args.batch_size].to(device)
-        loss, _ = model.loss(target, train[idx], train_feats[idx], label_from=label_from)
+        f = feats(train[idx]) if train_feats is None else train_feats[idx]
+        loss, _ = model.loss(target, train[idx], f, label_from=label_from)
         return loss, lambda: f"epoch {epoch} | train {loss.item():.3f}"
 
     def report():
@@ -234,6 +235,10 @@ def get_parser():
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
                    help="continue the run from its .run.pt (or finished <method>.pt), or FILE")
     g.add_argument("--continuation-only", action="store_true", help="score the target's text only")
+    g.add_argument("--features", choices=["once", "step"], default="once",
+                   help="the target's hidden states: once, kept in memory (N x T x layers x C "
+                   "floats: 14 GB for 12,288 DFlash sequences of 224), or each batch's every step "
+                   "(none kept; a DFlash step takes ~2x as long on a CPU)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")

@@ -72,6 +72,18 @@ def test_each_method_trains_saves_and_loads(target_dir, method, capsys):
         checkpoint.load_drafter(method, other, str(target_dir))
 
 
+@pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
+def test_features_computed_per_step_train_the_same_drafter(target_dir, tmp_path, method):
+    """--features step computes each batch's target features as it trains instead of keeping
+    them all: the same batches, anchors and updates, so the same weights up to rounding."""
+    sd = {}
+    for mode in ("once", "step"):
+        run(target_dir, method, "--out-dir", str(tmp_path / mode), "--features", mode)
+        sd[mode] = torch.load(tmp_path / mode / f"{method}.pt", weights_only=True)["state_dict"]
+    for k, v in sd["once"].items():
+        torch.testing.assert_close(sd["step"][k], v, rtol=1e-4, atol=1e-5)
+
+
 def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path, capsys):
     """A drafter trained into a folder without its target: train_drafter prints the bench
     command that measures it (--target names the target), and that command runs it
