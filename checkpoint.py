@@ -101,8 +101,9 @@ def load_target(path, device="cpu", dtype=torch.float32):
 
 def load_tokenizer(target_path):
     """The target's tokenizer: a Hugging Face folder's tokenizer.json, else ours."""
-    return interop.load_hf_tokenizer(target_path) if os.path.isdir(target_path) else \
-        data.get_encoding()
+    if os.path.isdir(target_path):
+        return interop.load_hf_tokenizer(target_path)
+    return data.get_encoding()
 
 
 def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mtp_draft=None,

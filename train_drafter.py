@@ -236,9 +236,8 @@ def get_parser():
                    help="continue the run from its .run.pt (or finished <method>.pt), or FILE")
     g.add_argument("--continuation-only", action="store_true", help="score the target's text only")
     g.add_argument("--features", choices=["once", "step"], default="once",
-                   help="the target's hidden states: once, kept in memory (N x T x layers x C "
-                   "floats: 14 GB for 12,288 DFlash sequences of 224), or each batch's every step "
-                   "(none kept; a DFlash step takes ~2x as long on a CPU)")
+                   help="the target's hidden states: once, kept in memory (14 GB for 12,288 "
+                   "DFlash sequences of 224), or per batch every step (none kept; ~2x a CPU step)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")
