@@ -8,13 +8,17 @@
 #   TINY=1 DEVICE=cpu WORK=/tmp/h200 bash dev/h200_train.sh /tmp/h200_log  # every step, tiny
 #   DRY_RUN=1 bash dev/h200_train.sh     # print the commands only (tests/test_dev.py parses them)
 #   FROM_WEIGHTS=weights/cpu DRAFTER_MINUTES=4.3 bash dev/h200_train.sh   # a second session
+#   FROM_WEIGHTS=weights/cpu N_SEQS=65536 DRAFTER_MINUTES=2.8 bash dev/h200_train.sh  # more data
 #
 # A second session, once a first one's target is committed: FROM_WEIGHTS names a folder whose
 # target.pt and draft.pt are used as they are (no target or draft-model training), so the
 # drafters get DRAFTER_MINUTES each (default 1.3; 4.3 fits the call). A better target needs
-# longer-trained drafters: its greedy loops are its own per prompt, to be copied from the
-# context, not a few loops a drafter learns by heart (docs/experiments.md, "Drafters against
-# the interim target").
+# drafters trained on many more distinct continuations: its greedy loops are its own per
+# prompt, to be copied from the context, not a few loops a drafter learns by heart
+# (docs/experiments.md, "Drafters against the interim target"). N_SEQS (default 16,384) sets
+# how many; the distill step's limit grows with it (30 s per 16,384: size it by the first
+# session's measured rate, the `distill (train)` lines of h200_train.txt), and over 16,384 the
+# target's features are computed per step (--features step): all of them would not fit the GPU.
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
@@ -43,7 +47,7 @@
 # 4. distill 70 s, two runs side by side: the distillation (16,384 + 256 windows of 64 tokens
 #    from the broad corpus, each continued by 192 tokens of the target, in batches of 2,048,
 #    greedy and T = 1 in turn; guess 5-10 ms a decode step, 15-30 s), and the draft model
-#    (`cpu-draft`, 1.44M params, 0.8 minutes).
+#    (`cpu-draft`, 1.44M params, 0.8 minutes). N_SEQS=65,536 gives it 160 s.
 # 5. drafters 110 s (DRAFTER_MINUTES x 60 + 32), three runs side by side, 1.3 minutes of
 #    training each after ~10 s of start-up (the target's features of all sequences). Each
 #    step is bound by launches and ends in a host sync: guess 15-30 ms a step for DFlash
@@ -82,11 +86,14 @@ TARGET="$TARGET --eval-every 250 --eval-batches 8 --save-minutes 1"
 DRAFT="--preset cpu-draft --corpus all --device $DEV --batch-size 256 --lr 3e-3 --minutes 0.8"
 DRAFT="$DRAFT --eval-every 250 --eval-batches 4 --save-minutes 0 --threads 4"
 # the distillation's settings name its cached file: every drafter run below reuses it
-D="--target $W/target.pt --out-dir $W --device $DEV --corpus all --n-seqs 16384"
+NS=${N_SEQS:-16384}
+D="--target $W/target.pt --out-dir $W --device $DEV --corpus all --n-seqs $NS"
 D="$D --n-val-seqs 256 --prompt-len 64 --gen-len 192 --distill-batch 2048 --threads 4"
+FEATURES=$([ "$NS" -gt 16384 ] && echo step || echo once)  # once: 38 GB at 16,384
+DISTILL_S=$((40 + 30 * NS / 16384))  # 70 s at 16,384: a guess, see step 4 above
 DM=${DRAFTER_MINUTES:-1.3}  # each drafter's training; its step's limit adds ~32 s of start-up
 FROM=${FROM_WEIGHTS:-}
-R="--minutes $DM --eval-every 500 --save-minutes 0"
+R="--minutes $DM --eval-every 500 --save-minutes 0 --features $FEATURES"
 T_TRAIN="" T_DISTILL="" T_RUN="" T_BENCH=""
 if [ "${TINY:-0}" = 1 ]; then  # 30-40 s on a 2-core CPU once out/data-all is built
   T_TRAIN="--max-steps 3 --batch-size 4 --seq-len 64 --eval-every 2 --eval-batches 1 --threads 1"
@@ -181,7 +188,7 @@ fi
 # a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt)
 DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 $T_DISTILL")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
-par distill 70 "${DISTILL[@]}"
+par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 1.2e-3 \
 --continuation-only $T_DISTILL $T_RUN" \

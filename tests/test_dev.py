@@ -302,6 +302,13 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     assert not [a for _, _, f, a in second if f == "train.py"]
     longer = [a for name, _, _, a in second if name.startswith("drafters/")]
     assert len(longer) == 3 and all(a.minutes == 4.3 for a in longer)  # fits: h200_dry_run
+    assert all(a.features == "once" and a.n_seqs == 16384 for a in drafters + longer)
+    # more distinct data: the features no longer fit the GPU, so they are computed per step
+    more = h200_dry_run(tmp_path, FROM_WEIGHTS="weights/cpu", N_SEQS="65536",
+                        DRAFTER_MINUTES="2.8")  # fits, with a distill step of 160 s
+    more = [a for _, _, f, a in more if f == "train_drafter.py"]
+    assert len(more) == 4 and all(a.n_seqs == 65536 for a in more)
+    assert [a.features for a in more if a.max_steps == 0] == ["step"] * 3
 
     tiny = h200_dry_run(tmp_path, TINY="1", DEVICE="cpu")
     assert len(tiny) == len(runs) and all(a.device == "cpu" for *_, a in tiny)
