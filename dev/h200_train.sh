@@ -185,8 +185,10 @@ fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
   echo "NOTE: the target run did not finish; the drafters use its last save" | tee -a "$TXT"; }
-# a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt)
-DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 $T_DISTILL")
+# a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt);
+# its features as the drafters' (at 49,152 CPU sequences `once` asked for 56 GB after the cache)
+DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 \
+--features $FEATURES $T_DISTILL")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
