@@ -12,13 +12,14 @@
 #
 # A second session, once a first one's target is committed: FROM_WEIGHTS names a folder whose
 # target.pt and draft.pt are used as they are (no target or draft-model training), so the
-# drafters get DRAFTER_MINUTES each (default 1.3; 4.3 fits the call). A better target needs
-# drafters trained on many more distinct continuations: its greedy loops are its own per
-# prompt, to be copied from the context, not a few loops a drafter learns by heart
-# (docs/experiments.md, "Drafters against the interim target"). N_SEQS (default 16,384) sets
-# how many; the distill step's limit grows with it (30 s per 16,384: size it by the first
-# session's measured rate, the `distill (train)` lines of h200_train.txt), and over 16,384 the
-# target's features are computed per step (--features step): all of them would not fit the GPU.
+# drafters get DRAFTER_MINUTES each (default 1.3; 4.3 fits the call). A drafter needs more
+# distinct continuations once it would see each one more than ~5 times (on the CPU, 31 passes
+# stalled while 5.2 and 1.3 passes gave one curve; docs/experiments.md, "Drafters against the
+# interim target"): at the guessed rate 4.3 minutes on 16,384 are ~20 passes, 2.8 minutes on
+# 65,536 ~3. N_SEQS (default 16,384) sets how many; the distill step's limit grows with it
+# (30 s per 16,384: size it by the first session's measured rate, the `distill (train)` lines
+# of h200_train.txt), and over 16,384 the target's features are computed per step
+# (--features step): all of them would not fit the GPU.
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
