@@ -8,7 +8,7 @@
 #   TINY=1 DEVICE=cpu WORK=/tmp/h200 bash dev/h200_train.sh /tmp/h200_log  # every step, tiny
 #   DRY_RUN=1 bash dev/h200_train.sh     # print the commands only (tests/test_dev.py parses them)
 #   FROM_WEIGHTS=weights/cpu DRAFTER_MINUTES=4.3 bash dev/h200_train.sh   # a second session
-#   FROM_WEIGHTS=weights/cpu N_SEQS=65536 DRAFTER_MINUTES=2.8 bash dev/h200_train.sh  # more data
+#   FROM_WEIGHTS=weights/cpu N_SEQS=65536 DRAFTER_MINUTES=2.8 bash dev/h200_train.sh  # better
 #
 # A second session, once a first one's target is committed: FROM_WEIGHTS names a folder whose
 # target.pt and draft.pt are used as they are (no target or draft-model training), so the
@@ -53,8 +53,9 @@
 #    training each after ~10 s of start-up (the target's features of all sequences). Each
 #    step is bound by launches and ends in a host sync: guess 15-30 ms a step for DFlash
 #    (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for MTP (16), so ~3,000 / ~2,000 /
-#    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up, a
-#    guess: DFlash 8 -> 32 at 6e-4 -> 1.2e-3, EAGLE and MTP 2 -> 16 at 2e-3 -> 3e-3. The
+#    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up: DFlash
+#    8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns as much per sequence as batch 8:
+#    docs/experiments.md, "Batch 32"), EAGLE and MTP 2 -> 16 at 2e-3 -> 3e-3, a guess. The
 #    features sit on the GPU in fp32: 21 GB for DFlash (5 layers), 13 for EAGLE, 4 for MTP
 #    (38 GB: an H100's 80 hold them too).
 # 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
@@ -193,7 +194,7 @@ DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-mi
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
-  dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 1.2e-3 \
+  dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 2.4e-3 \
 --continuation-only $T_DISTILL $T_RUN" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 3e-3 $T_DISTILL $T_RUN" \
   mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 3e-3 $T_DISTILL $T_RUN"
