@@ -56,9 +56,9 @@
 #    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up: DFlash
 #    8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns as much per sequence as batch 8:
 #    docs/experiments.md, "Batch 32"), EAGLE 2 -> 16 at 2e-3 -> 6e-3 (6e-3 led 3e-3 over
-#    ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at 2e-3 -> 3e-3, a guess. The
-#    features sit on the GPU in fp32: 21 GB for DFlash (5 layers), 13 for EAGLE, 4 for MTP
-#    (38 GB: an H100's 80 hold them too).
+#    ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at 2e-3 -> 6e-3 (ahead of 3e-3 over
+#    ~720 CPU steps: "MTP at batch 16"). The features sit on the GPU in fp32: 21 GB for
+#    DFlash (5 layers), 13 for EAGLE, 4 for MTP (38 GB: an H100's 80 hold them too).
 # 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
 #    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
 # 7. bench 95 s: bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at
@@ -198,7 +198,7 @@ par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 2.4e-3 \
 --continuation-only $T_DISTILL $T_RUN" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
-  mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 3e-3 $T_DISTILL $T_RUN"
+  mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN"
 step export 15 bash -c export_all
 step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt --weights $W/weights \
   --methods ar,ngram,mtp,eagle,dflash --no-compile --json $LOG/bench_h200.json $T_BENCH
