@@ -31,6 +31,7 @@ from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device,
 from speculate import generate
 
 REPEAT_WARN = 0.15  # a target repeating more of its 8-grams loops (real code: ~2 %, DESIGN sec. 2)
+repeat8 = lambda outs: sum(data.repeated_ngram_fraction(o, 8) for o in outs) / len(outs)
 
 
 def die(msg):  # bad input ends in one line on stderr and exit code 2, never a traceback
@@ -83,8 +84,7 @@ def ratio_se(pairs):
 
 
 def predicted_speedup(st, ar):
-    """DESIGN sec. 5: E * t_ar / t_step, E = 1 + accepted drafts per drafting row pass, times
-    per pass. E leaves out the prefills, so it can exceed the measured speedup."""
+    """E x t_ar / t_pass, E = 1 + accepted drafts per drafting row pass (prefills left out)."""
     E = 1 + sum(st["acc"]) / max(st["draft_row_passes"], 1)
     t_ar = ar["wall_s"] / ar["verify_passes"]
     return E * t_ar / (sum(step_ms(st).values()) / 1e3)
@@ -97,10 +97,6 @@ def step_ms(st):
 
 def params(drafter):
     return drafter.params() if hasattr(drafter, "params") else 0  # ar and ngram have none
-
-
-def repeat8(outs):
-    return sum(data.repeated_ngram_fraction(o, 8) for o in outs) / len(outs)
 
 
 def lossless(target, prompts, outs, ar_outs, T):

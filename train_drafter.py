@@ -168,7 +168,11 @@ def main(args):
     t0, layers, C = time.time(), model.hidden_layers, target.cfg.n_embd
     @torch.no_grad()
     def feats(x):  # the frozen target's hidden states (N, T, L * C), filled in place (a cat of
-        out = x.new_empty(*x.shape, len(layers) * C, dtype=target.head.weight.dtype)  # chunks: 2x)
+        try:       # chunks: 2x); those of every sequence at once (--features once) may not fit
+            out = x.new_empty(*x.shape, len(layers) * C, dtype=target.head.weight.dtype)
+        except RuntimeError as e:  # the CPU allocator's, or CUDA's OutOfMemoryError
+            raise ValueError(f"the target's features of {len(x)} sequences do not fit in memory "
+                             f"({str(e).splitlines()[0]}): try --features step") from e
         for i in range(0, len(x), 32):
             out[i:i + 32] = torch.cat(target(x[i:i + 32], hidden_layers=layers)[1], -1)
         return out

@@ -84,6 +84,26 @@ def test_features_computed_per_step_train_the_same_drafter(target_dir, tmp_path,
         torch.testing.assert_close(sd["step"][k], v, rtol=1e-4, atol=1e-5)
 
 
+def test_features_that_do_not_fit_in_memory_name_the_flag_that_helps(target_dir, tmp_path,
+                                                                     monkeypatch):
+    """--features once allocates every sequence's features up front. Where that fails (the CPU
+    allocator's RuntimeError; CUDA's OutOfMemoryError is one too) the error names --features
+    step, and --features step, which allocates only a batch's, still trains."""
+    run(target_dir, "dflash", "--out-dir", str(tmp_path))  # the distillation data, cached
+    real = torch.Tensor.new_empty
+
+    def new_empty(self, *size, **kw):  # all 8 training sequences' features at once: too many
+        if len(size) == 3 and size[0] == 8:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator:"
+                               " can't allocate memory: you tried to allocate 56371445760 bytes.")
+        return real(self, *size, **kw)
+    monkeypatch.setattr(torch.Tensor, "new_empty", new_empty)
+    with pytest.raises(ValueError, match=r"features of 8 sequences do not fit in memory .*"
+                                         r"can't allocate.*: try --features step"):
+        run(target_dir, "dflash", "--out-dir", str(tmp_path))
+    run(target_dir, "dflash", "--out-dir", str(tmp_path), "--features", "step", "--batch-size", "4")
+
+
 def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path, capsys):
     """A drafter trained into a folder without its target: train_drafter prints the bench
     command that measures it (--target names the target), and that command runs it
