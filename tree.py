@@ -60,7 +60,7 @@ def sample_node(p, q, kids, g):
     slot its children were drawn from (without replacement, in the order of kids: [(token,
     node)]) -> (the accepted child's node, None) or (None, the emitted token)."""
     r, q = p.clone(), q.float().clone()
-    for c, i in kids:
+    for c, i in [(c, i) for c, i in kids if q[c] > 0]:  # q = 0: a tree past q's top-k pads, no draw
         if torch.rand((), device=p.device, generator=g) * q[c] < r[c]:  # u < r(c) / q(c)
             return i, None
         s = (r - q).clamp(min=0)                   # rejected: r <- norm(max(0, r - q))

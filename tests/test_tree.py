@@ -139,10 +139,10 @@ def test_each_node_sees_the_cache_and_its_ancestors_only(monkeypatch):
                 assert sorted(int(dep[a]) for a in path) == list(range(int(dep[i]) + 1))
 
 
-def tree_tv(drafter_tree, seed=0):
+def tree_tv(drafter_tree, seed=0, block_size=4):
     target = sampling_target()
     exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
-    dr = random_drafter(target, block_size=4, seed=7)
+    dr = random_drafter(target, block_size=block_size, seed=7)
     outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, dr,
                                   max_new_tokens=SAMPLE_TOKENS, temperature=1.0, top_k=TOP_K,
                                   seed=seed, tree=drafter_tree)
@@ -154,6 +154,15 @@ def test_sampling_with_a_tree_is_lossless():
     tv, bound, st = tree_tv(tree.DraftTree(6))
     assert tv < bound, (tv, bound)
     assert 0.05 < st["acceptance_per_position"][0] < 0.95, st["acceptance_per_position"]
+
+
+def test_a_tree_larger_than_the_top_k_candidates_stays_lossless():
+    """One slot (block 2) and top-k 4 give 4 candidates with q > 0; a tree of 8 is padded with
+    tokens q never draws (score -inf). The rule must not take them for draws: before it skipped
+    them, the first one was accepted whenever the residual gave it any mass (TV 0.52)."""
+    assert len(tree.build_tree(torch.tensor([[0.0] * 4 + [float("-inf")] * 4]), 8)[0]) == 8
+    tv, bound, _ = tree_tv(tree.DraftTree(8), block_size=2)
+    assert tv < bound, (tv, bound)
 
 
 def test_a_broken_tree_rule_fails(monkeypatch):
