@@ -207,9 +207,9 @@ class EagleDrafter:
         # NOTE: drafting writes up to K positions past n: a row too close to the buffers' end (a
         # finished one, drafts unused) drafts from an earlier point; speculate.generate leaves room
         n = n.clamp(max=tokens.shape[1] - K - 1)
-        h, logits = self.catch_up(tokens, n, bound=K + 1)  # the last step's commits, + 1
+        h, logits = self.catch_up(tokens, n, bound=K + 1)  # the last step's commits: <= K + 1
         # each step feeds back its own feature + draft; --confidence cuts it (draft_chain)
         out = draft_chain(self.step, h, logits, K, temperature, top_k, generator, self.sample,
                           self.confidence)
         self.cache.rollback(n - 1)                              # keep only exact positions 0..n-2
-        return out                                              # (B, K' <= K), (B, K', V)
+        return out                                      # (B, K' <= K), q (B, K', V) or None

@@ -110,7 +110,7 @@ def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0
 
 
 class NgramDrafter:
-    """Prompt lookup, falling back from `max_n`-grams to shorter ones. Without a match it proposes
+    """Prompt lookup, falling back from `n`-grams to shorter ones. Without a match it proposes
     nothing (a step of plain decoding); in a batch such a row leaves its slots empty (NO_DRAFT)
     beside rows that drafted, so every row decodes as it would alone."""
     hidden_layers = ()

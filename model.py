@@ -23,7 +23,7 @@ from kv_cache import KVCache
 
 
 @dataclass
-class Config:  # placeholder sizes: every model is built from a PRESETS entry below
+class Config:  # defaults only: sizes come from PRESETS below, a checkpoint or a Qwen3 config
     vocab_size: int = 4098     # tokenizer ranks + <|endoftext|> + <|mask|>
     n_layer: int = 6           # transformer blocks
     n_head: int = 6            # query heads
@@ -88,8 +88,8 @@ DECODING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 
 class Attention(nn.Module):
     """Grouped-query self-attention with per-head q/k RMSNorm and RoPE. project_q, project_kv
-    are separate because the drafters reuse them: DFlash to turn the target's features into keys
-    and values, EAGLE for its training-time-test attention."""
+    are separate because the drafters reuse them: DFlash for its block's own queries, keys and
+    values (beside the injected context), EAGLE for its training-time-test attention."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -238,7 +238,7 @@ def draw(probs, generator=None):
     (float32's steps of u would be ~1e-3 off). A zero-probability token leaves the sum flat, so
     it is never drawn (a GPU's parallel cumsum may round there by ~1e-16). A row with no mass
     gives V, which the next embedding lookup rejects. torch.multinomial draws the same
-    distribution, ~25x slower on a CPU (docs/experiments.md)."""
+    distribution, slower (1.5-1.9 ms more a DFlash pass on a CPU: docs/experiments.md)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
@@ -252,7 +252,7 @@ def generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, generat
     """The reference: recompute the whole sequence for every new token, no cache.
     prompt: list of token ids. Returns the new tokens (a list). Past the context it reads the
     last max_seq_len tokens (nanoGPT's crop), where speculate.generate refuses the run."""
-    if not temperature >= 0:  # NaN too; a negative one decoded greedily without a word
+    if not temperature >= 0:  # NaN too (a negative one would decode greedily, silently)
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     ids = torch.tensor([prompt], dtype=torch.long, device=model.head.weight.device)
     for _ in range(max_new_tokens):

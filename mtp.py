@@ -13,7 +13,7 @@ loss weight lambda / D), or post-hoc on a frozen target (`python train_drafter.p
 As a drafter, module k's output at the last fed position t = N-2 predicts token N-1+k: D modules
 draft D tokens. Each module keeps a KV cache of its own, whose entry at p is exact only once its
 input x_{p+k} is committed (p <= N-1-k): propose() runs the chain, catching each module up on
-the positions that became exact before it drafts, then rolls the tentative entries back.
+the positions that became exact; each module's pass rolls its tentative entries back at once.
 `--mtp-draft N`: draft at most N tokens; `--confidence C`: a row stops after a draft it is less
 sure of than C, as the other chain drafters do (draft_simple.draft_chain).
 """
@@ -148,8 +148,8 @@ class MTPDrafter:
         p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
         out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))
-        # NOTE: write at pos, where the padding's junk lands past P; p_idx repeats P in the
-        # padding, and scatter_ keeps an arbitrary one of repeated indices (on CPU: a pad)
+        # NOTE: write at pos (distinct slots: the padding's junk lands past P), not at p_idx,
+        # which repeats P in the padding, where scatter_ would keep an arbitrary one
         self.H[k].scatter_(1, pos[..., None].expand_as(out), out)  # out, pos: (B, m, C), (B, m)
         cache.rollback(torch.minimum(n - k, P + 1).clamp(min=0))  # exact up to N-1-k
         return target.head(mod.out_norm(self.H[k, torch.arange(len(n), device=n.device), P]))
@@ -158,7 +158,7 @@ class MTPDrafter:
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
         ext, rows = tokens.clone(), torch.arange(len(n), device=n.device)
 
-        # module k catches up on <= max_K + k (last step's commits + k; every module ran then,
+        # module k catches up on <= max_K + k (last step's commits + k - 1; every module ran,
         # unless --confidence stopped an eager step early: no bound then)
         exact = torch.compiler.is_compiling() or not self.confidence
         run = lambda k: self.run_module(k, ext, n, self.max_K + k if exact else None)

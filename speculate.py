@@ -18,9 +18,9 @@ target has fed (cached) x_0..x_{N-2}; x_{N-1} (the last emitted token) is pendin
 first token of the next verify pass.
 
 The drafter interface, the one seam of this repo (draft_simple.py, mtp.py, draft_eagle.py and
-draft_diffusion.py implement it). tokens (B, T_max) are the loop's committed tokens and n (B,)
-their counts, to read only; feats are the target's hidden states at the drafter's
-hidden_layers, concatenated (B, T, F):
+draft_diffusion.py implement it). tokens (B, T_buf) are the loop's committed tokens and n (B,)
+their counts, to read only (T_buf: the longest row's need, or the context when compiled); feats
+are the target's hidden states at the drafter's hidden_layers, concatenated (B, T, F):
     hidden_layers                 target layers the drafter reads, increasing, each once
     prefill(tokens, n, feats)     after the prompt pass (a shorter row's tail is padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K' <= K), q (B, K', V)
@@ -337,7 +337,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 q = None if q is None else F.pad(q, (0, 0, 0, K - q.shape[1]))
             elif any(taken):  # finished rows ride along (done == taken here, after retire())
                 # they draft nothing, and the pass is only as wide as the longest row that
-                # drafts (ngram's matches and MTP's gate differ by row). Only here, since
+                # drafts (ngram's matches and --confidence's cuts differ by row). Only here, as
                 # reading the width back waits for the drafter (a sync on a GPU)
                 drafts = torch.where(done[:, None], NO_DRAFT, drafts)
                 width = int((drafts >= 0).any(0).sum())
@@ -382,9 +382,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             drafter.update(tokens, n, feats(hidden), n_new)
             clock.mark("draft")
         stats["verify_passes"] += 1
-        # per-position acceptance over the active rows that drafted there, whether a draft was
-        # past the vocabulary (greedy never accepts one) or q no distribution, and which rows
-        # are done: one transfer to the host (the loop's only per-step read)
+        # per-position acceptance over the active rows that drafted there, which rows are done,
+        # whether a draft was past the vocabulary or q no distribution: one transfer to the
+        # host (the loop's one per-step read, but for the width above when rows finished)
         active = ~done
         drafted = (drafts >= 0) & active[:, None]                   # (B, K')
         accepted = ((n_acc[:, None] > torch.arange(Kd, device=device)) & drafted).sum(0)

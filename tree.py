@@ -111,7 +111,7 @@ class DraftTree:
         j = torch.arange(cache.max_len, device=dev)                      # every key slot read
         u = j[None] - L[:, None]                                        # (B, keys): tree node
         see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
-        # NOTE: slots past a shorter row's tree (u > N) hold stale entries: nobody sees them
+        # NOTE: slots past a row's tree (u > N) hold stale entries: nobody sees them
         mask = ((see & (u <= N)[:, None]) | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys)
         x = torch.cat([tokens[rows, n - 1][:, None], tok], 1)           # (B, N+1)
         logits, hidden = target(x, cache, hidden_layers=layers, tree=(L[:, None] + dep, mask))
