@@ -12,7 +12,7 @@ every machine tokenizes and benches alike. Bins: flat np.uint16 streams, as in n
     python data.py                # build out/data/{train,val}.bin with tokenizer.tiktoken
     python data.py --corpus all   # the broad corpus, into out/data-all/
 """
-import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, random, sys
+import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, sys
 import sysconfig, time
 
 import numpy as np
@@ -192,41 +192,8 @@ def load_tokens(split, out_dir=DATA_OUT, corpus="small"):
     return np.memmap(prepare(out_dir, corpus=corpus)["paths"][split], dtype=np.uint16, mode="r")
 
 # ----------------------------------------------------------------------------- prompts
-def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small", split="val"):
-    """n (prompt, real continuation) pairs cut from held-out files (split "val", or "ood": the
-    OOD_PACKAGES, found by corpus "all") at a `def`/`class` line: the prompt is that line and the
-    next three, the continuation the 1,500 characters that really follow. One sample per file per
-    round, so they spread across files."""
-    enc, rng, per_file = get_encoding(), random.Random(seed), []
-    for _, text in read_texts(corpus_files(corpus)[split]):
-        lines = text.splitlines(keepends=True)
-        offsets = np.cumsum([0] + [len(l) for l in lines])
-        cands = []
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith(("def ", "class ")):
-                j = min(i + 4, len(lines))
-                cont = text[offsets[j]:offsets[j] + 1500]
-                if len(cont.strip()) >= 200:  # skip cuts at the very end of a file
-                    cands.append(("".join(lines[i:j]), cont))
-        rng.shuffle(cands)
-        per_file.append(cands)
-    rng.shuffle(per_file)
-    out, taken = [], set()  # a prompt met before (one more `def __init__(self, ...)`) is skipped
-    for round_k in itertools.zip_longest(*per_file):  # each file's k-th cut (None: it has none)
-        for prompt, cont in filter(None, round_k):
-            if prompt not in taken and len(enc.encode_ordinary(prompt)) <= max_prompt_tokens:
-                out.append((prompt, cont))
-                taken.add(prompt)
-                if len(out) == n:
-                    return out
-    print(f"data: only {len(out)} held-out samples available (asked for {n})")
-    return out
-
-def heldout_prompts(n, seed=0, corpus="small", split="val"):
-    return [p for p, _ in heldout_samples(n, seed=seed, corpus=corpus, split=split)]
-
 def reference_prompts(n):
-    """The first n committed held-out prompts, bench's default: what heldout_prompts drew with
+    """The first n committed held-out prompts, bench's default: what dev/tokenizer.py drew with
     REFERENCE_VERSIONS (another machine's corpus draws others, and other taus)."""
     prompts = read_prompts_file(PROMPTS_PATH)
     if not 0 <= n <= len(prompts):

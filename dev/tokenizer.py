@@ -6,7 +6,7 @@ ood_prompts.jsonl, from whole packages no corpus holds: data.OOD_PACKAGES).
 The tokenizer is a byte-level BPE (Sennrich et al., arXiv 1508.07909; GPT-2 style: ranks 0..255
 are the bytes, merges follow in order), trained on data.py's corpus pre-split by its regex and
 written in tiktoken's format (base64 token, space, rank). The prompts are the first held-out
-def/class cuts that data.heldout_prompts draws.
+def/class cuts that heldout_prompts below draws.
 
     python dev/tokenizer.py --train-tokenizer      # retrain tokenizer.tiktoken (~1 min)
     python dev/tokenizer.py --train-tokenizer --vocab-size 512 --bpe-every 20 --out /tmp/t.tiktoken
@@ -16,9 +16,10 @@ Both read this machine's Python, torch and numpy sources: with data.REFERENCE_VE
 default flags they write the committed bytes again; other versions write other files, and a
 new tokenizer no longer matches the committed weights (`git checkout` the file to go back).
 """
-import argparse, base64, heapq, importlib.metadata, json, os, sys, time
+import argparse, base64, heapq, importlib.metadata, itertools, json, os, random, sys, time
 from collections import Counter, defaultdict
 
+import numpy as np
 import regex  # tiktoken depends on it; unlike `re` it knows \p{L} and \p{N}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,6 +109,44 @@ def train_tokenizer(files, vocab_size, measure, every, path):
     data.get_encoding.cache_clear()  # a retrained tokenizer.tiktoken is read afresh
 
 # -----------------------------------------------------------------------------
+# bench's committed prompts (data.reference_prompts reads them)
+
+def heldout_samples(n, seed=0, max_prompt_tokens=96, corpus="small", split="val"):
+    """n (prompt, real continuation) pairs cut from held-out files (split "val", or "ood": the
+    OOD_PACKAGES, found by corpus "all") at a `def`/`class` line: the prompt is that line and the
+    next three, the continuation the 1,500 characters that really follow. One sample per file per
+    round, so they spread across files."""
+    enc, rng, per_file = data.get_encoding(), random.Random(seed), []
+    for _, text in data.read_texts(data.corpus_files(corpus)[split]):
+        lines = text.splitlines(keepends=True)
+        offsets = np.cumsum([0] + [len(l) for l in lines])
+        cands = []
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith(("def ", "class ")):
+                j = min(i + 4, len(lines))
+                cont = text[offsets[j]:offsets[j] + 1500]
+                if len(cont.strip()) >= 200:  # skip cuts at the very end of a file
+                    cands.append(("".join(lines[i:j]), cont))
+        rng.shuffle(cands)
+        per_file.append(cands)
+    rng.shuffle(per_file)
+    out, taken = [], set()  # a prompt met before (one more `def __init__(self, ...)`) is skipped
+    for round_k in itertools.zip_longest(*per_file):  # each file's k-th cut (None: it has none)
+        for prompt, cont in filter(None, round_k):
+            if prompt not in taken and len(enc.encode_ordinary(prompt)) <= max_prompt_tokens:
+                out.append((prompt, cont))
+                taken.add(prompt)
+                if len(out) == n:
+                    return out
+    print(f"data: only {len(out)} held-out samples available (asked for {n})")
+    return out
+
+
+def heldout_prompts(n, seed=0, corpus="small", split="val"):
+    return [p for p, _ in heldout_samples(n, seed=seed, corpus=corpus, split=split)]
+
+
+# -----------------------------------------------------------------------------
 # command line
 
 def check_cli(args, parser):
@@ -163,7 +202,7 @@ if __name__ == "__main__":
     if args.write_prompts:  # the held-out files of args.corpus, and the OOD_PACKAGES
         for path, corpus, split in ((data.PROMPTS_PATH, args.corpus, "val"),
                                     (data.OOD_PROMPTS_PATH, "all", "ood")):
-            prompts = data.heldout_prompts(data.N_REFERENCE_PROMPTS, corpus=corpus, split=split)
+            prompts = heldout_prompts(data.N_REFERENCE_PROMPTS, corpus=corpus, split=split)
             data.write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
             print(f"wrote {len(prompts)} prompts to {path}")
     else:

@@ -121,7 +121,7 @@ def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, c
 
 
 def test_default_prompts_are_the_committed_ones_not_this_machines_corpus(weights, monkeypatch, capsys):
-    monkeypatch.setattr(data, "heldout_samples", lambda *a, **k: pytest.fail("drew prompts from this machine's corpus"))
+    monkeypatch.setattr(data, "read_texts", lambda *a, **k: pytest.fail("read this machine's corpus"))
     bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                 "--n-prompts", "2", "--max-new-tokens", "4"])
     assert "prompts   2 from held-out prompts (weights/heldout_prompts.jsonl)" in capsys.readouterr().out

@@ -17,6 +17,7 @@ import torch
 
 import data
 from data import EOT, MASK
+from dev import tokenizer  # draws the committed prompts
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +127,10 @@ def test_read_prompts_file(tmp_path):
 
 
 def test_heldout_samples(enc):
-    samples = data.heldout_samples(24)
-    assert len(samples) == 24 and data.heldout_samples(24) == samples  # deterministic
-    assert data.heldout_samples(24, seed=1) != samples
-    assert data.heldout_prompts(5) == [p for p, _ in samples[:5]]
+    samples = tokenizer.heldout_samples(24)
+    assert len(samples) == 24 and tokenizer.heldout_samples(24) == samples  # deterministic
+    assert tokenizer.heldout_samples(24, seed=1) != samples
+    assert tokenizer.heldout_prompts(5) == [p for p, _ in samples[:5]]
     val_texts = [t for _, t in data.read_texts(data.corpus_files()["val"])]
     sources = set()
     for prompt, continuation in samples:
@@ -139,7 +140,7 @@ def test_heldout_samples(enc):
         # the pair is a verbatim cut of one held-out file: the prompt followed by what follows it
         sources.add(next(i for i, t in enumerate(val_texts) if prompt + continuation in t))
     assert len(sources) >= 20  # spread across files, not 24 cuts of one file
-    short = data.heldout_samples(10, max_prompt_tokens=24)
+    short = tokenizer.heldout_samples(10, max_prompt_tokens=24)
     assert all(len(enc.encode_ordinary(p)) <= 24 for p, _ in short)
 
 
@@ -156,7 +157,7 @@ def test_reference_prompts_are_the_committed_file(enc):
 @pytest.mark.skipif((sys.version.split()[0], torch.__version__.split("+")[0], np.__version__) != data.REFERENCE_VERSIONS,
                     reason=f"the committed prompts were drawn with Python, torch, numpy {data.REFERENCE_VERSIONS}")
 def test_reference_prompts_are_what_the_reference_environment_draws():
-    assert data.reference_prompts(data.N_REFERENCE_PROMPTS) == data.heldout_prompts(data.N_REFERENCE_PROMPTS)
+    assert data.reference_prompts(data.N_REFERENCE_PROMPTS) == tokenizer.heldout_prompts(data.N_REFERENCE_PROMPTS)
 
 
 def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
@@ -165,15 +166,15 @@ def test_a_prompt_of_exactly_max_prompt_tokens_is_kept(monkeypatch):
     cont = "".join(f"value_{i} = compute({i})\n" for i in range(20))
     monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", prompt + cont)]))
     n = len(enc.encode_ordinary(prompt))
-    assert data.heldout_samples(1, max_prompt_tokens=n) == [(prompt, cont[:1500])]
-    assert data.heldout_samples(1, max_prompt_tokens=n - 1) == []
+    assert tokenizer.heldout_samples(1, max_prompt_tokens=n) == [(prompt, cont[:1500])]
+    assert tokenizer.heldout_samples(1, max_prompt_tokens=n - 1) == []
 
 
 def test_a_prompt_met_in_another_file_is_taken_once(monkeypatch):
     prompt = "def __init__(self):\n    self.a = 1\n    self.b = 2\n    self.c = 3\n"
     files = [(f"k{i}", prompt + "".join(f"value_{i}_{j} = compute({j})\n" for j in range(20))) for i in range(2)]
     monkeypatch.setattr(data, "read_texts", lambda _: iter(files))
-    assert [p for p, _ in data.heldout_samples(2)] == [prompt]  # the same prompt twice would weigh double in tau
+    assert [p for p, _ in tokenizer.heldout_samples(2)] == [prompt]  # the same prompt twice would weigh double in tau
 
 
 def test_tokenizer_hash_covers_the_split_pattern(monkeypatch):
@@ -265,21 +266,21 @@ def test_the_split_is_the_hash_of_the_key_on_any_machine(tmp_path, monkeypatch):
 def test_a_cut_near_the_end_of_a_file_is_skipped(monkeypatch):
     text = "x = 1\n" * 50 + "def f(x):\n    y = x\n    z = y\n    w = z\n" + "return w\n" * 5
     monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text)]))
-    assert data.heldout_samples(1) == []
+    assert tokenizer.heldout_samples(1) == []
     # blank lines at the end of the file are no continuation either (what is left is 44 characters)
     monkeypatch.setattr(data, "read_texts", lambda files: iter([("k", text + "\n" * 300)]))
-    assert data.heldout_samples(1) == []
+    assert tokenizer.heldout_samples(1) == []
 
 
 def test_heldout_samples_spread_over_the_three_roots():
     files = data.corpus_files()["val"]
     texts = {k: t for k, t in data.read_texts(files)}
-    keys = [next(k for k, t in texts.items() if p + c in t) for p, c in data.heldout_samples(24)]
+    keys = [next(k for k, t in texts.items() if p + c in t) for p, c in tokenizer.heldout_samples(24)]
     assert {k.split("/")[0] for k in keys} == {"stdlib", "torch", "numpy"} and keys != sorted(keys)
 
 
 def test_heldout_prompts_takes_the_seed():
-    assert data.heldout_prompts(5, seed=1) == [p for p, _ in data.heldout_samples(5, seed=1)]
+    assert tokenizer.heldout_prompts(5, seed=1) == [p for p, _ in tokenizer.heldout_samples(5, seed=1)]
 
 
 def test_data_cli_refuses_an_out_dir_it_cannot_write_before_reading_the_corpus(tmp_path, run_script):
