@@ -9,22 +9,21 @@ along the path; the target verifies all N nodes in ONE pass, node t at position 
 (L: the row's cache length) attending to the committed cache and to its own ancestors only.
 Then, per row, from the root (the pending token, the last committed one) down:
   greedy    follow the child whose token is the target's argmax; emit the argmax where none is
-  sampling  the children c_1..c_m of a node were drawn from their slot's q without replacement;
-            recursive rejection sampling (SpecTr, SpecInfer; Jeon et al. 2024): r = p, then for
-            each c_i accept it with probability min(1, r(c_i) / q(c_i)), else r <- norm(max(0,
+  sampling  each node's children c_1..c_m were drawn from their slot's q without replacement, a
+            draw of its own; recursive rejection sampling (SpecTr, SpecInfer; Jeon et al. 2024):
+            r = p, then accept c_i with probability min(1, r(c_i) / q(c_i)), else r <- norm(max(0,
             r - q)) and q <- q without c_i, renormalized; if all are rejected, draw from r
-Lossless: each step is the chain's rule for one draft, and its residual is exactly the
-distribution of the target's token given that this draft was rejected; removing c_i from q
-makes q the distribution of the next draw. So the token at each node is a draw from p, exactly
-what plain decoding would draw there, and the walk continues into the child equal to it, whose
-p the same pass computed given the same prefix (greedy: the case p one-hot, q anything).
-The accepted path's K/V then move to the slots right after the committed ones (compaction),
-so the cache reads as if the path had been fed in order, and the drafter's update gets the
-path's hidden states: the rest of the loop is the chain's.
+Lossless: each step is the chain's rule for one draft, its residual the distribution of the
+target's token given that this draft was rejected, and q without c_i that of the next draw. So
+each node's token is a draw from p, as plain decoding's, and the walk goes on into the child
+equal to it, whose p the same pass computed (greedy: the case p one-hot, q anything). The
+accepted path's K/V then move right after the committed ones (compaction), so the cache reads
+as if the path had been fed in order; the drafter gets the path's hidden states.
 
     python bench.py --methods ar,dflash,dflash-tree --tree 32
 """
 
+import functools
 import heapq
 
 import torch
@@ -32,26 +31,35 @@ import torch
 from model import draw, logits_to_probs
 
 
-def build_tree(score, N, max_children=None):
-    """score (D, V): one row's log q_1..q_D (plus Gumbel noise when sampling) -> (tokens,
-    parents, depths) of N nodes in the order they were added, a parent before its children
-    (node 0 is the root, so parents index [root] + nodes). The children of a node at depth d
-    are the best-scored tokens of slot d+1, in order; a candidate's score is the sum along its
-    path. The heap holds, for each node, only its next sibling and its first child: each pop
-    adds the best node not yet in the tree (DDTree's best-first growth)."""
-    D = score.shape[0]
-    k = min(max_children or N, score.shape[1])
-    top_s, top_t = score.float().topk(k, -1)                      # (D, k), best first
-    logp, top_t = top_s.tolist(), top_t.tolist()
-    tokens, parents, depths = [], [], []
-    heap = [(-logp[0][0], 0, 0, 0)]  # (-log P(path), parent node, depth - 1, rank among siblings)
+def build_tree(q, N, max_children=None, g=None):
+    """q (D, V): one row's q_1..q_D -> (tokens, parents, depths) of N nodes in the order they were
+    added, a parent first (node 0 is the root: parents index [root] + nodes). A node's children
+    are the next slot's tokens, best first: greedy (g None) by q, alike at a depth; sampling by
+    log q + Gumbel noise of the node's own, a draw without replacement (noise shared by a depth
+    biased the output). A path scores the sum of its nodes'; the heap holds each node's next
+    sibling and first child: each pop adds the best node not in the tree (DDTree's growth)."""
+    D, V = q.shape
+    k = min(max_children or N, V)
+    logq = q.float().clamp_min(1e-30).log()
+
+    def rank(d):  # slot d's k best tokens: (scores, tokens), lists
+        s = logq[d]
+        if g is not None:  # float64 uniforms: float32's under-draw q's tail at 150k tokens
+            u = torch.rand(V, dtype=torch.float64, device=q.device, generator=g).clamp_min(1e-300)
+            s = torch.where(q[d] > 0, s - (-u.log()).log(), float("-inf"))
+        return [x.tolist() for x in s.topk(k)]
+    rank = functools.cache(rank) if g is None else rank  # greedy: each slot ranked once
+    tokens, parents, depths, ranks = [], [], [], {0: rank(0)}  # ranks[node]: its children's
+    heap = [(-ranks[0][0][0], 0, 0, 0)]  # (-log P(path), parent, depth - 1, rank among siblings)
     while heap and len(tokens) < N:
         neg, parent, d, r = heapq.heappop(heap)
-        tokens.append(top_t[d][r]); parents.append(parent); depths.append(d + 1)
+        logp, top_t = ranks[parent]
+        tokens.append(top_t[r]); parents.append(parent); depths.append(d + 1)
         if r + 1 < k:    # the next sibling: the same path but this slot's next token
-            heapq.heappush(heap, (neg + logp[d][r] - logp[d][r + 1], parent, d, r + 1))
-        if d + 1 < D:    # the first child: one slot deeper, its likeliest token
-            heapq.heappush(heap, (neg - logp[d + 1][0], len(tokens), d + 1, 0))
+            heapq.heappush(heap, (neg + logp[r] - logp[r + 1], parent, d, r + 1))
+        if d + 1 < D:    # the first child: one slot deeper, its best token
+            ranks[len(tokens)] = rank(d + 1)
+            heapq.heappush(heap, (neg - ranks[len(tokens)][0][0], len(tokens), d + 1, 0))
     return tokens, parents, depths
 
 
@@ -86,12 +94,9 @@ class DraftTree:
         the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
         logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
         q = logits_to_probs(logits, temperature or 1.0, top_k)  # greedy ranks by q at T = 1
-        score = q.clamp_min(1e-30).log()
-        if temperature > 0:
-            u = torch.rand(score.shape, device=score.device, generator=g).clamp(1e-20, 1 - 1e-7)
-            score = torch.where(q > 0, score - (-u.log()).log(), float("-inf"))
         N = min(self.N, q.shape[1] * min(self.max_children or self.N, q.shape[2]))
-        trees = [build_tree(score[b], N, self.max_children) for b in range(q.shape[0])]
+        trees = [build_tree(q[b], N, self.max_children, g if temperature > 0 else None)
+                 for b in range(q.shape[0])]
         return [torch.tensor(x, device=tokens.device) for x in zip(*trees)] + [q]
 
     @torch.no_grad()
