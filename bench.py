@@ -250,7 +250,7 @@ def check_args(args):
             ("--batch-size", a.batch_size, 1), ("--repeats", a.repeats, 1), ("--K", a.K, 1),
             ("--block-size", a.block_size, 2), ("--max-new-tokens", a.max_new_tokens, 1),
             ("--n-prompts", a.n_prompts, 1), ("--mtp-draft", a.mtp_draft, 1),
-            ("--threads", a.threads, 0)]:
+            ("--threads", a.threads, 0), ("--tree", a.tree_nodes, 1)]:
         if value is not None and value < low:  # None: unset, the drafter's own
             die(f"{flag} must be >= {low}, got {value}")
     if args.weights and os.path.isfile(args.weights):

@@ -164,7 +164,8 @@ DRAFTER_FLAGS = {
     "--mtp-draft": ("mtp", dict(dest="mtp_draft", type=int, default=None,
                                 help="mtp: draft N tokens per step (default: its depth)")),
     "--confidence": ("draft mtp eagle dflash", dict(dest="confidence", type=float, default=0.0,
-                     help="stop past a draft of probability < C (dflash: their product); 0: off")),
+                     help="stop past a draft of probability < C (dflash: their product; a "
+                     "dflash-tree verifies its whole tree); 0: off")),
 }
 
 

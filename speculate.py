@@ -240,6 +240,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                               stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
     tree = tree or getattr(drafter, "tree", None)
+    if tree is not None and not hasattr(drafter, "block_logits"):  # DFlash's one-pass block
+        raise ValueError("tree= verifies a tree of DFlash's candidates: it needs a DFlash drafter")
     device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)

@@ -83,15 +83,18 @@ class DraftTree:
     draft() replaces the chain's propose, verify() its verify pass and acceptance scan."""
 
     def __init__(self, N, max_children=None):
+        if not N >= 1 or not (max_children or 1) >= 1:
+            raise ValueError(f"a draft tree needs N >= 1 nodes and max_children >= 1, got {N}, "
+                             f"{max_children}")
         self.N, self.max_children = N, max_children
 
     @torch.no_grad()
     def draft(self, drafter, tokens, n, K, temperature, top_k, g):
         """One DFlash pass over a block of K+1 -> node tokens, parents and depths (B, N) each
         (depth <= K), and q (B, K, V).
-        Greedy: each slot's likeliest tokens. Sampling: a draw without replacement from each
-        slot's q, in the order drawn (Gumbel top-k: the top k of log q + Gumbel noise), which
-        the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
+        Greedy: each slot's likeliest tokens. Sampling: each node's children, a draw of its own
+        without replacement from their slot's q, in the order drawn (Gumbel top-k, build_tree),
+        which the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
         logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
         q = logits_to_probs(logits, temperature or 1.0, top_k)  # greedy ranks by q at T = 1
         N = min(self.N, q.shape[1] * min(self.max_children or self.N, q.shape[2]))

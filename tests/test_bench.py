@@ -187,6 +187,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
     (["--block-size", "0"], "--block-size must be >= 2, got 0"),
     (["--mtp-draft", "0"], "--mtp-draft must be >= 1, got 0"),
+    (["--tree", "0"], "--tree must be >= 1, got 0"),
     (["--methods", ""], "--methods names no method"),
     (["--K", "0"], "--K must be >= 1, got 0"),
     (["--threads", "-1"], "--threads must be >= 0, got -1"),

@@ -21,6 +21,7 @@ import torch
 import speculate
 import tree
 from draft_diffusion import DFlashDrafter
+from draft_simple import NgramDrafter
 from model import generate as naive_generate
 from test_dflash import random_dflash
 from test_model import tiny_model
@@ -179,6 +180,17 @@ def test_a_tree_larger_than_the_top_k_candidates_stays_lossless():
     assert len(tree.build_tree(q, 8, g=g)[0]) == 8
     tv, bound, _ = tree_tv(tree.DraftTree(8), block_size=2)
     assert tv < bound, (tv, bound)
+
+
+def test_a_tree_without_nodes_or_without_dflash_is_refused():
+    target = tiny_model(0)
+    for n, kids in [(0, None), (-1, None), (4, -2)]:
+        with pytest.raises(ValueError, match="a draft tree needs N >= 1"):
+            tree.DraftTree(n, kids)
+    for drafter in (None, NgramDrafter()):
+        with pytest.raises(ValueError, match="needs a DFlash drafter"):
+            speculate.generate(target, PROMPTS[:1], drafter, max_new_tokens=4,
+                               tree=tree.DraftTree(4))
 
 
 def test_a_broken_tree_rule_fails(monkeypatch):
