@@ -110,7 +110,9 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
                           argmax picks
     uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
-                          emitted token by inverse CDF; None means greedy
+                          emitted token by inverse CDF; None means greedy. NOTE: float32, a
+                          grid of 2^-24: the emitted token is off p by a total variation of
+                          4e-5 at V = 4,098 and 0.0015 at Qwen's 151,936 (model.draw: float64)
     returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
     """
     B, K1, V = p.shape
