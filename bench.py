@@ -243,8 +243,8 @@ def check_args(args):
         temps = [*dict.fromkeys(map(float, args.temperatures.split(",")))]
     except ValueError as e:
         die(f"--temperatures must be a comma list of numbers ({e})")
-    if not all(t >= 0 for t in temps):  # NaN too
-        die(f"--temperatures must be >= 0, got {args.temperatures}")
+    if not all(0 <= t < float("inf") for t in temps):  # NaN too
+        die(f"--temperatures must be >= 0 and finite, got {args.temperatures}")
     a = args
     for flag, value, low in [
             ("--batch-size", a.batch_size, 1), ("--repeats", a.repeats, 1), ("--K", a.K, 1),
@@ -253,6 +253,8 @@ def check_args(args):
             ("--threads", a.threads, 0), ("--tree", a.tree_nodes, 1)]:
         if value is not None and value < low:  # None: unset, the drafter's own
             die(f"{flag} must be >= {low}, got {value}")
+    if args.threads > (os.cpu_count() or 1):  # more only slows the timings (far more crashed)
+        die(f"--threads must be <= the {os.cpu_count()} cores, got {args.threads}")
     if args.weights and os.path.isfile(args.weights):
         die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
     listed = ",".join(METHODS) if args.methods is None else args.methods  # default: all

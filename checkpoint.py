@@ -130,7 +130,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     if method == "mtp" and native:
         model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
         src = "the target's own heads"
-    elif method == "dflash" and os.path.isfile(os.path.join(folder, "config.json")):
+    elif (method == "dflash" and os.path.isfile(os.path.join(folder, "config.json"))
+          and not os.path.isfile(src)):  # a dflash.pt beside it is ours, and checked: it wins
         model, src = interop.load_zlab_dflash(folder, target), f"z-lab folder {folder}"
         sd = model.state_dict()
     else:
@@ -176,8 +177,8 @@ def add_drafter_flags(parser):
 
 def drafter_options(args, parser, methods):
     """load_drafter's keywords from the flags; a flag for a method not run is refused."""
-    for flag, (ms, kw) in DRAFTER_FLAGS.items():  # prefixes match: dflash, dflash-tree
-        used = any(x.startswith(m) or m.startswith(x) for m in ms.split() for x in methods)
+    for flag, (ms, kw) in DRAFTER_FLAGS.items():  # dflash's flags serve dflash-tree too
+        used = any(x.startswith(m) for m in ms.split() for x in methods)
         if not used and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):
             raise ValueError(f"{flag} sets an option of {ms.replace(' ', '/')}, which is not "
                              "being run")

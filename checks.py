@@ -50,8 +50,8 @@ def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K
                     ("batch_size", batch_size)):
         if v is not None and operator.index(v) < 1:  # operator.index: 2.0 or "4" is refused
             raise ValueError(f"{name} must be >= 1, got {v}")
-    if not temperature >= 0:  # NaN too
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 <= temperature < float("inf"):  # NaN too
+        raise ValueError(f"temperature must be >= 0 and finite, got {temperature}")
     if stop_token is not None and not 0 <= operator.index(stop_token) < V:
         raise ValueError(f"stop_token must be a token id in 0..{V - 1}, got {stop_token}")
     if drafter is None:

@@ -60,12 +60,14 @@ def evaluate(model, batches, enc):
 
 
 def check_args(args, names, zero_ok=(), positive=()):
-    """names >= 1, zero_ok >= 0, positive > 0, and the flags both scripts share; NaN is refused."""
+    """names >= 1, zero_ok >= 0, positive > 0 and finite, the flags both scripts share, and
+    --threads at most the cores (more only slows a run; far more crashed torch); NaN refused."""
     names, positive = ("batch_size", "eval_every", *names), ("minutes", "lr", *positive)
-    zero_ok = ("threads", "max_steps", "save_minutes", *zero_ok)
+    zero_ok, cores = ("threads", "max_steps", "save_minutes", *zero_ok), os.cpu_count() or 1
     for name, rule, ok in ([(n, ">= 1", lambda v: v >= 1) for n in names]
                            + [(n, ">= 0", lambda v: v >= 0) for n in zero_ok]
-                           + [(n, "> 0", lambda v: v > 0) for n in positive]):
+                           + [(n, "> 0 and finite", lambda v: 0 < v < math.inf) for n in positive]
+                           + [("threads", f"<= the {cores} cores", lambda v: v <= cores)]):
         value = getattr(args, name, None)
         if value is not None and not ok(value):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value}")
@@ -101,7 +103,10 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
     budget, run_file = args.minutes * 60, os.path.splitext(out_path)[0] + ".run.pt"
     t_start, t_saved, text = time.time() - elapsed, time.time(), lambda: "no step was left"
 
-    def save(path):
+    def save(path):  # never a diverged model (an --lr too high): the last save stays as it was
+        if not all(bool(p.isfinite().all()) for p in params):
+            raise ValueError(f"the weights are not finite at step {step} (--lr too high?): "
+                             f"{path} not written")
         save_checkpoint(path, dict(fields(), args=vars(args), tokenizer=data.tokenizer_hash(),
                                    state_dict=model.state_dict(), optimizer=opt.state_dict(),
                                    step=step, elapsed=time.time() - t_start))

@@ -67,8 +67,11 @@ def get_distill_data(target, args, target_hash, enc=None):
     path = os.path.join(args.out_dir, name)
     if os.path.exists(path):  # whole: save_checkpoint writes a temp file, then renames it
         print(f"distill: reusing {path}")
-        d = torch.load(path, weights_only=True)
-        return d["train"], d["val"]
+        try:
+            d = torch.load(path, weights_only=True)
+            return d["train"], d["val"]
+        except Exception as e:  # cut short or overwritten by hand: say which file, and the cure
+            raise ValueError(f"{path} is damaged ({type(e).__name__}): delete it to rebuild")
     d = {split: build_distill_data(target, n, a.prompt_len, a.gen_len, temps, seed=a.seed + k,
                                    split=split, batch=a.distill_batch, enc=enc, corpus=a.corpus)
          for k, (split, n) in enumerate([("train", a.n_seqs), ("val", a.n_val_seqs)])}

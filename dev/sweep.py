@@ -87,8 +87,8 @@ def main(argv=None):
     batch = name == "batch_size"  # every method at each batch size, against ar at that size
     sizes = values if batch else [args.batch_size]
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    texts = (checked(data.read_prompts_file, args.prompts) if args.prompts
-             else checked(data.reference_prompts, args.n_prompts))
+    texts = (checked(data.read_prompts_file, args.prompts)[:args.n_prompts] if args.prompts
+             else checked(data.reference_prompts, args.n_prompts or 10))  # as bench.py
     if max(sizes) > len(texts):  # else a batch that never ran
         die(f"a batch of {max(sizes)} rows needs at least as many prompts ({len(texts)})")
     device, dtype = checked(get_device, args.device), getattr(torch, args.dtype)

@@ -23,7 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 import data
 import interop
 import speculate
-from checkpoint import load_drafter, load_target
+from checkpoint import load_drafter, load_target, save_checkpoint, weights_hash
 from draft_diffusion import DFlash, DFlashDrafter
 from draft_simple import ModelDrafter, NgramDrafter
 from model import generate as naive_generate
@@ -132,6 +132,22 @@ def test_a_dflash_drafter_round_trips_through_the_zlab_layout(tmp_path):
         dr.prefill(tokens, n, torch.cat(hidden, -1))
         blocks.append(dr.block_logits(tokens, n, 6))
     assert torch.allclose(blocks[0], blocks[1], atol=1e-5)
+
+
+def test_a_dflash_pt_beside_a_zlab_folder_wins(tmp_path):
+    """train_drafter.py --out-dir a z-lab folder (bench's hint for a folder that fails) saves a
+    dflash.pt there: that one, trained for this target and hash-checked, is the drafter."""
+    folder, _ = hf_qwen3(tmp_path)
+    target = load_target(folder)
+    interop.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
+    ours = random_dflash(target)
+    with torch.no_grad():
+        ours.fc.weight.mul_(-1.0)  # other weights than the z-lab folder's
+    save_checkpoint(str(tmp_path / "dflash" / "dflash.pt"), dict(
+        kind="dflash", config=ours.config_dict(), state_dict=ours.state_dict(),
+        target_hash=weights_hash(target.cfg, target.state_dict())))
+    got = load_drafter("dflash", target, str(tmp_path / "dflash")).dflash
+    assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), ours.state_dict().values()))
 
 
 def test_every_method_is_lossless_on_a_loaded_qwen3_target(tmp_path):

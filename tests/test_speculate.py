@@ -849,7 +849,8 @@ def test_bad_input_raises_clear_errors():
     assert len(gen([[1] * 243])[0][0]) == 8  # 243 + 8 new + K + 1 = 256, the whole context
     for kw, message in [(dict(K=0), "K must be >= 1"), (dict(max_new_tokens=0), "max_new_tokens"),
                         (dict(temperature=-0.5), "temperature must be >= 0"),
-                        (dict(temperature=float("nan")), "temperature must be >= 0, got nan"),
+                        (dict(temperature=float("nan")), "temperature must be >= 0 and finite, got nan"),
+                        (dict(temperature=float("inf")), "must be >= 0 and finite, got inf"),
                         (dict(temperature=1.0, top_k=0), "top_k must be >= 1"),
                         (dict(batch_size=0), "batch_size must be >= 1"),
                         (dict(stop_token=V), rf"stop_token must be a token id in 0\.\.{V - 1}")]:
@@ -1172,7 +1173,8 @@ def test_cli_bad_input_is_one_line(tmp_path, run_script):
             (["--target", str(tmp_path / "bad.pt")], "not a readable checkpoint"),
             (["--target", str(tmp_path / "empty.pt")], "not a readable checkpoint"),
             (["--target", str(tmp_path / "missing.pt")], "no such checkpoint"),
-            (["--temperature", "nan"], "temperature must be >= 0, got nan"),
+            (["--temperature", "nan"], "temperature must be >= 0 and finite, got nan"),
+            (["--temperature", "inf"], "temperature must be >= 0 and finite, got inf"),
             (["--prompt", ""], "empty prompt"),
             (["--method", "ngram", "-K", "0"], "K must be >= 1"),
             (["--top-k", "5"], "--temperature 0 decodes greedily"),

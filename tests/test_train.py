@@ -315,11 +315,22 @@ def test_check_args():
                          ({"threads": -1}, "--threads must be >= 0"),
                          ({"warmup_steps": -5}, "--warmup-steps must be >= 0"),
                          ({"lr": -1.0}, "--lr must be > 0"), ({"lr": 0.0}, "--lr must be > 0"),
+                         ({"lr": float("inf")}, "--lr must be > 0 and finite, got inf"),
+                         ({"threads": 100000}, "--threads must be <= the "),
                          ({"save_minutes": -1.0}, "--save-minutes must be >= 0"),
                          ({"save_minutes": nan}, "--save-minutes must be >= 0")]:
         with pytest.raises(ValueError, match=message):
             train.check_args(argparse.Namespace(**{**vars(ok), **bad}), ["batch_size"],
                              zero_ok=["warmup_steps"])
+
+
+def test_a_diverged_run_saves_nothing(tmp_path, capsys):
+    """An lr that blows the weights up to inf or NaN ended "saved", rc 0, and the checkpoint
+    crashed every tool that read it; now the save refuses and the last good one stays."""
+    with pytest.raises(ValueError, match="weights are not finite at step 2 .*t.pt not written"):
+        train.main(tiny_run(tmp_path, "--max-steps", "2", "--lr", "1e30", "--threads", "1",
+                            "--eval-batches", "1"))
+    assert not (tmp_path / "t.pt").exists()
 
 
 TINY = ["train.py", "--preset", "tiny"]

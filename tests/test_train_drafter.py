@@ -4,6 +4,7 @@ killed run resumes; the distillation data is built once and then reused; the rec
 do what they say, and bad flags are refused before any work."""
 import argparse
 import os
+import re
 import shlex
 import sys
 
@@ -102,6 +103,14 @@ def test_features_that_do_not_fit_in_memory_name_the_flag_that_helps(target_dir,
                                          r"can't allocate.*: try --features step"):
         run(target_dir, "dflash", "--out-dir", str(tmp_path))
     run(target_dir, "dflash", "--out-dir", str(tmp_path), "--features", "step", "--batch-size", "4")
+
+
+def test_a_damaged_distillation_cache_is_named_not_a_traceback(target_dir, tmp_path):
+    run(target_dir, "mtp", "--out-dir", str(tmp_path))
+    cache = next(tmp_path.glob("distill_*.pt"))
+    cache.write_bytes(cache.read_bytes()[:100])  # cut short
+    with pytest.raises(ValueError, match=re.escape(cache.name) + r" is damaged .*delete it to rebuild"):
+        run(target_dir, "mtp", "--out-dir", str(tmp_path))
 
 
 def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path, capsys):
