@@ -296,9 +296,12 @@ def main(argv=None):
         except (FileNotFoundError, ValueError, RuntimeError) as e:
             why = str(e).splitlines()[0]
             if why.startswith(args.weights):  # the file's fault: missing, damaged, another target's
-                train = (f"python train.py --preset cpu-draft --out-path {args.weights}/draft.pt"
+                out, w = args.weights, os.path.abspath(args.weights)  # never into the committed
+                if os.path.dirname(w) == os.path.abspath(data.WEIGHTS_DIR):  # weights/<name>/
+                    out = os.path.join(data.DATA_OUT, os.path.basename(w), "weights")
+                train = (f"python train.py --preset cpu-draft --out-path {out}/draft.pt"
                          if m == "draft" else f"python train_drafter.py --method {m.split('-')[0]}"
-                         f" --target {args.target} --out-dir {args.weights}")
+                         f" --target {args.target} --out-dir {out}")
                 why = why.split("; retrain it")[0] + f"; train it: {train}"
             elif (f := flags.get(m.split("-")[0])) and f[1] is not None:  # a block or depth too big
                 die(f"{m}: {why} (see {f[0]})")

@@ -172,6 +172,11 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     assert e.value.code == 2 and err.startswith("error: eagle was asked for in --methods, but ")
     assert err.endswith(f"; train it: python train_drafter.py --method eagle --target {weights / 'target.pt'} "
                         f"--out-dir {weights}\n") and err.count("\n") == 1, err
+    # another target against the committed drafters: the hint never writes into weights/
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--target", str(weights / "target.pt"), "--weights", os.path.join(data.WEIGHTS_DIR, "cpu"),
+                    "--methods", "ar,eagle", "--prompts", str(prompts_file)])
+    assert f"--out-dir {os.path.join(data.DATA_OUT, 'cpu', 'weights')}\n" in capsys.readouterr().err
     long = tmp_path / "long.txt"
     long.write_text("def f():\n    pass\n\n" + "x = 1\n" * 300)
     with pytest.raises(SystemExit) as e:
