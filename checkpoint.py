@@ -77,6 +77,8 @@ def get_device(name=None):
         device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
         raise ValueError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # mps, meta, xpu...: torch fails later, obscurely
+        raise ValueError(f"device {name!r}: this code runs on cpu or cuda (cuda:N)")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device.type == "cuda" and (device.index or 0) >= n:
         raise ValueError(f"device {name!r}: {f'only {n}' if n else 'no'} CUDA device visible "

@@ -146,6 +146,9 @@ def test_get_device_refuses_what_this_machine_cannot_run():
         get_device("gpu0")
     with pytest.raises(ValueError, match="cuda:99"):  # no machine of ours has 100 GPUs
         get_device("cuda:99")
+    for name in ("mps", "meta"):  # torch makes the device, then fails somewhere else
+        with pytest.raises(ValueError, match=f"device '{name}': this code runs on cpu or cuda"):
+            get_device(name)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device visible"):
             get_device("cuda")
