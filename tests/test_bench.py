@@ -16,6 +16,7 @@ import torch
 
 import bench
 import data
+import interop
 import speculate
 from checkpoint import load_target, save_checkpoint, weights_hash
 from dev import sweep
@@ -620,3 +621,11 @@ def test_batch_sweep_bad_flags_are_one_line(flags, expect, capsys):
         sweep.main(["--method", "ngram", *flags])
     out = capsys.readouterr()
     assert e.value.code == 2 and expect in out.err and out.err.count("\n") == 1 and out.out == ""
+
+
+def test_a_hugging_face_folder_without_its_tokenizer_is_one_error_line(weights, tmp_path, capsys):
+    interop.save_hf_target(load_target(str(weights / "target.pt")), str(tmp_path / "hf"))
+    with pytest.raises(SystemExit) as e:  # was a FileNotFoundError traceback
+        bench.main(["--target", str(tmp_path / "hf"), "--methods", "ar", "--temperatures", "0",
+                    "--n-prompts", "1", "--max-new-tokens", "2"])
+    assert e.value.code == 2 and "tokenizer.json" in capsys.readouterr().err
