@@ -43,12 +43,23 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per continuation")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
     args = p.parse_args(argv)
+    for flag, value, low in (("--batches", args.batches, 1), ("--n-prompts", args.n_prompts, 1),
+                             ("--new-tokens", args.new_tokens, 1), ("--threads", args.threads, 0)):
+        if value < low:  # a traceback, or a nan loss, before
+            raise SystemExit(f"error: {flag} must be >= {low}, got {value}")
     torch.set_num_threads(args.threads or torch.get_num_threads())
+    try:  # every target loads before the minutes of work; a bad one ends in one line
+        targets = [(path, load_target(path)) for path in args.targets]  # a path twice: twice
+        prompt_sets = {"held-out": data.reference_prompts(args.n_prompts),
+                       "ood": data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]}
+        report(targets, prompt_sets, args)
+    except (ValueError, FileNotFoundError) as e:  # generate's too: --new-tokens past the context
+        raise SystemExit(f"error: {e}")
+
+
+def report(targets, prompt_sets, args):
     enc, sets = data.get_encoding(), held_out_tokens()
-    prompt_sets = {"held-out": data.reference_prompts(args.n_prompts),
-                   "ood": data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]}
-    for path in args.targets:
-        target = load_target(path)
+    for path, target in targets:
         T = target.cfg.max_seq_len
         print(f"== {path}: {target.n_params() / 1e6:.2f}M params")
         for name, tokens in sets.items():

@@ -20,6 +20,7 @@ import torch
 
 import dflash_kernels as kernels
 from dev import emu as dev_emu
+from data import ROOT
 from dev import nvcc_check, sdpa_probe
 
 DEV = os.path.join(kernels.HERE.parent, "dev")
@@ -369,3 +370,15 @@ def test_target_quality_scores_the_same_windows_for_every_target(tmp_path, monke
     scores = re.findall(r"(val|ood) +loss ([0-9.]+) nats/token, ([0-9.]+) bits/byte", out)
     assert len(scores) == 4 and scores[:2] == scores[2:]
     assert out.count("of 8-grams repeated") == 2 * 2 * 2  # two targets, two prompt sets, T = 0, 1
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["weights/cpu/target.pt", "--batches", "0"], "--batches must be >= 1, got 0"),
+    (["weights/cpu/target.pt", "--threads", "-1"], "--threads must be >= 0, got -1"),
+    (["no/such.pt"], "no/such.pt: no such checkpoint"),
+    (["weights/cpu/dflash.pt"], "a 'dflash' checkpoint, expected 'target'")])
+def test_target_quality_refuses_bad_input_in_one_line(args, expect):
+    """Each was a traceback (or, --batches 0, a nan loss with exit status 0)."""
+    from dev import target_quality
+    with pytest.raises(SystemExit, match=re.escape(expect)):
+        target_quality.main([os.path.join(ROOT, a) if a.endswith(".pt") else a for a in args])
