@@ -296,9 +296,7 @@ def main(argv=None):
         except (FileNotFoundError, ValueError, RuntimeError) as e:
             why = str(e).splitlines()[0]
             if why.startswith(args.weights):  # the file's fault: missing, damaged, another target's
-                out, w = args.weights, os.path.abspath(args.weights)  # never into the committed
-                if os.path.dirname(w) == os.path.abspath(data.WEIGHTS_DIR):  # weights/<name>/
-                    out = os.path.join(data.DATA_OUT, os.path.basename(w), "weights")
+                out = data.out_dir_for(args.weights)  # never into the committed weights/
                 train = (f"python train.py --preset cpu-draft --out-path {out}/draft.pt"
                          if m == "draft" else f"python train_drafter.py --method {m.split('-')[0]}"
                          f" --target {args.target} --out-dir {out}")

@@ -233,6 +233,14 @@ def read_prompts_file(path):
     return prompts
 
 # ----------------------------------------------------------------------------- every script's flags
+def out_dir_for(folder):
+    """Where checkpoints made for folder's go: folder itself, but out/<name>/weights/ for a
+    committed weights/<name>/, which no script writes into (train_drafter, bench's hints)."""
+    full = os.path.abspath(folder)
+    if os.path.dirname(full) != os.path.abspath(WEIGHTS_DIR):
+        return folder
+    return os.path.join(DATA_OUT, os.path.basename(full), "weights")
+
 def check_writable(path):
     """Refuse an output file that cannot be written, before the run, creating nothing: the
     nearest existing folder above it must be a writable folder (save_checkpoint makes the rest)."""

@@ -120,13 +120,6 @@ def evaluate(model, target, val, val_feats, batch_size, label_from):
     return float(np.mean([loss.item() for loss, _ in out])), (agree / count.clamp(min=1)).tolist()
 
 
-def default_out_dir(target_path):
-    """Beside the target, but out/<preset>/weights/ for the committed weights/<preset>/."""
-    folder = os.path.dirname(os.path.abspath(target_path))
-    committed = os.path.dirname(folder) == os.path.abspath(data.WEIGHTS_DIR)
-    return os.path.join(data.DATA_OUT, os.path.basename(folder), "weights") if committed else folder
-
-
 def apply_recipe(args):
     """Flags left unset take the method's RECIPE; flags given win."""
     for k, v in RECIPE[args.method].items():
@@ -147,7 +140,7 @@ def main(args):
                          f"{target.cfg.max_seq_len}, got {args.prompt_len} + {args.gen_len}")
     if args.method == "dflash":  # refused here, before the distillation
         check_block_size(args)
-    args.out_dir = args.out_dir or default_out_dir(args.target)
+    args.out_dir = args.out_dir or data.out_dir_for(os.path.dirname(os.path.abspath(args.target)))
     th = weights_hash(target.cfg, target.state_dict())
     hf_enc = load_tokenizer(args.target) if os.path.isdir(args.target) else None  # its own
     print(f"target: {args.target} ({target.n_params() / 1e6:.2f}M params, hash {th}), "

@@ -152,10 +152,9 @@ def test_training_leaves_the_target_alone(target_dir, tmp_path, monkeypatch):
 
 
 def test_default_out_dir_never_overwrites_the_committed_weights(tmp_path):
-    committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
-    assert train_drafter.default_out_dir(committed) == os.path.join(data.DATA_OUT, "cpu",
-                                                                    "weights")
-    assert train_drafter.default_out_dir(str(tmp_path / "target.pt")) == str(tmp_path)
+    committed = os.path.join(data.WEIGHTS_DIR, "cpu")  # the folder of weights/cpu/target.pt
+    assert data.out_dir_for(committed) == os.path.join(data.DATA_OUT, "cpu", "weights")
+    assert data.out_dir_for(str(tmp_path)) == str(tmp_path)
 
 
 # -----------------------------------------------------------------------------
