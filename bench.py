@@ -310,7 +310,8 @@ def main(argv=None):
             print(f"skipping {m}: {why}")
     Ks = {m: 0 if d is None else args.K if m in ("ngram", "draft", "eagle")
           else getattr(d, "default_K", args.K) for m, d in drafters.items()}
-    prompts = [checked(load_tokenizer, args.target).encode_ordinary(t) for t in texts]
+    enc = checked(load_tokenizer, args.target)  # once: a Hugging Face one is parsed from JSON
+    prompts = [enc.encode_ordinary(t) for t in texts]
     n_verify = max(Ks.values()) + 1
     for i, (t, ids) in enumerate(zip(texts, prompts), 1):
         if len(ids) + args.max_new_tokens + n_verify > target.cfg.max_seq_len:

@@ -108,7 +108,8 @@ def main(argv=None):
         drafters[label] = d = checked(load_drafter, args.method, target, args.weights, **kw,
                                       flag=f"{args.method}: ")
         Ks[label], labels[label] = v if name == "K" else default_K(args.method, d, args), v
-    prompts = [checked(load_tokenizer, args.target).encode_ordinary(t) for t in texts]  # as bench
+    enc = checked(load_tokenizer, args.target)  # as bench: once
+    prompts = [enc.encode_ordinary(t) for t in texts]
     print(f"sweep: {args.method} {name} over {values} beside {', '.join(['ar'] + also)} | device "
           f"{device} {args.dtype} | {len(prompts)} prompts x {args.max_new_tokens} new tokens | "
           f"batch {','.join(map(str, sizes))}{' (continuous)' if args.continuous else ''} | "
