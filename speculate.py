@@ -85,7 +85,7 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
         if temperature == 0:
             n_acc, nxt = accept_scan(logits, drafts)
         else:
-            u = torch.rand(1, drafts.shape[1] + 1, device=device, generator=g)
+            u = torch.rand(1, drafts.shape[1] + 1, dtype=torch.float64, device=device, generator=g)
             n_acc, nxt = accept_scan(logits_to_probs(logits, temperature), drafts, q, u)
         a = int(n_acc)
         tokens[0, int(n):int(n) + a + 1] = torch.cat([drafts[0, :a], nxt])
@@ -110,9 +110,9 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     q        (B, K, V)    the distributions the drafts were drawn from, or None when they were
                           argmax picks
     uniforms (B, K+1)     u[:, i] for the ratio test of draft i+1, u[:, K] to sample the
-                          emitted token by inverse CDF; None means greedy. NOTE: float32, a
-                          grid of 2^-24: the emitted token is off p by a total variation of
-                          4e-5 at V = 4,098 and 0.0015 at Qwen's 151,936 (model.draw: float64)
+                          emitted token by inverse CDF; None means greedy. float64, as the
+                          CDF: float32's grid of 2^-24 put the emitted token off p by a total
+                          variation of 4e-5 at V = 4,098 and 0.0015 at Qwen's 151,936
     returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
     """
     B, K1, V = p.shape
@@ -152,8 +152,9 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     r = torch.where(total > 0, r, p_n)
     # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
     # never be that index, because their running sum equals the previous one)
-    cdf = r.cumsum(-1)
-    u = uniforms[:, K:K1] * cdf[:, -1:]
+    cdf = r.double().cumsum(-1)
+    total = cdf[:, -1:]  # u * total may round up to total: then the last token with mass
+    u = torch.minimum(uniforms[:, K:K1] * total, total.nextafter(torch.zeros_like(total)))
     nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
     return n_acc, nxt
 
@@ -361,7 +362,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             # 3-4. accept a prefix of the drafts, then one token of the target's own
             if sampling:
                 p = logits_to_probs(logits, temperature, top_k)  # warped exactly as by pick()
-                u = torch.rand(B, drafts.shape[1] + 1, device=device, generator=g)
+                u = torch.rand(B, drafts.shape[1] + 1, dtype=torch.float64, device=device,
+                               generator=g)
                 n_acc, nxt = accept_scan(p, drafts, q, u)
             else:
                 n_acc, nxt = accept_scan(logits, drafts)

@@ -69,7 +69,8 @@ def sample_node(p, q, kids, g):
     node)]) -> (the accepted child's node, None) or (None, the emitted token)."""
     r, q = p.clone(), q.float().clone()
     for c, i in [(c, i) for c, i in kids if q[c] > 0]:  # q = 0: a tree past q's top-k pads, no draw
-        if torch.rand((), device=p.device, generator=g) * q[c] < r[c]:  # u < r(c) / q(c)
+        u = torch.rand((), dtype=torch.float64, device=p.device, generator=g)
+        if u * q[c] < r[c]:  # u < r(c) / q(c)
             return i, None
         s = (r - q).clamp(min=0)                   # rejected: r <- norm(max(0, r - q))
         r = s / s.sum() if s.sum() > 0 else r      # (no mass left only by rounding)

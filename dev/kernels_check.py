@@ -66,7 +66,8 @@ def make_accept_case(B, K, V, mode, dtype=torch.float32, device="cpu", seed=0):
     if q is not None and B > 1 and K > 0:  # row 0: q = p, p(d_1) = 0: an all-zero residual
         p[0, 0, drafts[0, 0]] = 0.0
         q[0] = p[0, :K]                                                          # (B, K, V)
-    uniforms = None if mode == "greedy" else torch.rand(B, K + 1, generator=g)  # (B, K+1)
+    uniforms = (None if mode == "greedy" else                                   # (B, K+1)
+                torch.rand(B, K + 1, dtype=torch.float64, generator=g))
     return tuple(t if t is None else t.to(device) for t in (p.to(dtype), drafts, q, uniforms))
 
 

@@ -3,13 +3,13 @@
 // shapes: p        (B, K+1, V)  greedy: raw logits (float64/32/16, bfloat16); sampling: probs
 //         drafts   (B, K) int64 d_1..d_K; negative = an empty slot (speculate.NO_DRAFT)
 //         q        (B, K, V)    draft probabilities, or absent (argmax drafts: q one-hot)
-//         uniforms (B, K+1) f32 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
+//         uniforms (B, K+1) f64 absent = greedy; u[:, i] tests draft i+1, u[:, K] samples
 //         returns  n_accepted (B,) int64 in [0, K], next_token (B,) int64
 // Greedy:   accept d_i while d_i == argmax p_i (ties: the lowest index; NaN is the maximum); emit
 //           the argmax at the first mismatch, or the bonus argmax p_{K+1}.
 // Sampling: accept d_i while u_i * q_i(d_i) < p_i(d_i); at the first rejection n emit by inverse
 //           CDF from r = max(0, p_n - q_n) (p_{K+1} if n = K; p_n if r has no mass or slot n is
-//           empty): the first j with r_j > 0 and cdf_j > u_K * cdf_{V-1}, cdf in float32 (README).
+//           empty): the first j with r_j > 0 and cdf_j > u_K * cdf_{V-1}, cdf in float64 (README).
 // kernel1: a block per row, up to the first mismatch (sampling's only kernel); kernel2 (greedy's
 // default): a block per (position, row); the row's last block scans. Check: dev/kernels_check.py
 
@@ -128,7 +128,7 @@ __global__ void accept_greedy_kernel2(
 
 __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test, residual, CDF
     const float* __restrict__ p, const int64_t* __restrict__ drafts, const float* __restrict__ q,
-    const float* __restrict__ u, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
+    const double* __restrict__ u, int64_t* __restrict__ n_out, int64_t* __restrict__ next_out,
     int K, int64_t V) {
   const int64_t b = blockIdx.x, K1 = K + 1;
   __shared__ int s_n;
@@ -164,8 +164,8 @@ __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += p_n[j];
     block_inclusive_scan(part, &total);
   }
-  const float target = u[b * K1 + K] * static_cast<float>(total);
-  // pass 2: tiles in order; the first j whose float32-rounded running sum exceeds the target
+  const double target = u[b * K1 + K] * total;  // float64: float32's 2^-24 grid is off p
+  // pass 2: tiles in order; the first j whose running sum exceeds the target
   __shared__ int64_t s_first;
   __shared__ unsigned long long s_last;  // 1 + the last token with mass (0: none), see below
   if (threadIdx.x == 0) s_first = V, s_last = 0;
@@ -179,7 +179,7 @@ __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test
     const double cdf = carry + block_inclusive_scan(x, &tile);
     if (j < V && x > 0.0) {  // never a zero-mass token, even if cdf rounded a flat sum up
       last = j;
-      if (static_cast<float>(cdf) > target)
+      if (cdf > target)
         atomicMin((unsigned long long*)&s_first, (unsigned long long)j);
     }
     carry += tile;
@@ -196,7 +196,7 @@ __global__ void accept_sample_kernel1(  // sampling, a block per row: ratio test
 }
 
 void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts,
-                      const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
+                      const float* q, const double* u, int64_t* n, int64_t* next, int64_t* best,
                       int* tickets, int64_t B, int64_t K, int64_t V, int version, int device) {
   if (B == 0) return;  // a launch with zero blocks is an error
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));  // the tensors' GPU

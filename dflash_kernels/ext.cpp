@@ -11,7 +11,7 @@ void kv_inject_cuda(  // the launchers, defined in kv_inject.cu and accept_scan.
     const int64_t* counts, const float* cos, const float* sin, int64_t L, int64_t B, int64_t H,
     int64_t T_max, int64_t D, int64_t T_new, int64_t P, c10::ScalarType dtype, int device);
 void accept_scan_cuda(const void* p, c10::ScalarType p_dtype, const int64_t* drafts,
-                      const float* q, const float* u, int64_t* n, int64_t* next, int64_t* best,
+                      const float* q, const double* u, int64_t* n, int64_t* next, int64_t* best,
                       int* tickets, int64_t B, int64_t K, int64_t V, int version, int device);
 
 #ifdef DFLASH_EMU  // the kernels run on the CPU under dev/emu.h (tests only)
@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(
   std::optional<at::Tensor> q;
   at::Tensor p = p_in;
   if (!greedy) {
-    expect({*uniforms}, "accept_scan: uniforms", {B, K + 1}, at::kFloat, p.device());
+    expect({*uniforms}, "accept_scan: uniforms", {B, K + 1}, at::kDouble, p.device());
     p = p.to(at::kFloat);  // the reference computes in float32 (p.float(), q.float())
     if (q_in.has_value()) {
       expect({*q_in}, "accept_scan: q", {B, K, V}, q_in->scalar_type(), p.device());
@@ -85,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(
   }
   accept_scan_cuda(p.data_ptr(), p.scalar_type(), drafts.data_ptr<int64_t>(),
                    q ? q->data_ptr<float>() : nullptr,
-                   greedy ? nullptr : uniforms->data_ptr<float>(), n.data_ptr<int64_t>(),
+                   greedy ? nullptr : uniforms->data_ptr<double>(), n.data_ptr<int64_t>(),
                    next.data_ptr<int64_t>(), best.defined() ? best.data_ptr<int64_t>() : nullptr,
                    tickets.defined() ? tickets.data_ptr<int>() : nullptr, B, K, V, (int)version,
                    p.get_device());

@@ -356,7 +356,7 @@ def test_accept_scan_emulated_rejects_a_draft_whose_ratio_test_ties(emu, use_q):
     random uniforms never tie, so this row makes one. Rejected, draft 0 leaves the residual
     (0, .5, 0, 0): token 1; a <= would accept it and sample the bonus row (token 2)."""
     p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]])
-    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]]) if use_q else None  # one-hot: the same test
     assert [t.tolist() for t in accept_scan_ref(p, drafts, q, u)] == [[0], [1]]
     assert [t.tolist() for t in emu.accept_scan(p, drafts, q, u, 1)] == [[0], [1]]
@@ -366,7 +366,7 @@ def test_accept_scan_emulated_zero_uniform_never_samples_a_zero_probability_toke
     """u = 0: the inverse CDF picks the first token whose cdf EXCEEDS 0 (searchsorted right),
     never a leading token of probability 0."""
     p = torch.tensor([[[0.0, 0.0, 0.0, 1.0], [0.25, 0.25, 0.25, 0.25]]])
-    drafts, u = torch.tensor([[1]]), torch.zeros(1, 2)
+    drafts, u = torch.tensor([[1]]), torch.zeros(1, 2, dtype=torch.float64)
     assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[0], [3]]
     assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[0], [3]]
 
@@ -375,7 +375,7 @@ def test_accept_scan_emulated_token_0_is_a_draft_not_an_empty_slot(emu):
     """Only a negative draft is an empty slot (NO_DRAFT = -1): a draft of token 0 is tested
     like any other. The random cases rarely draft token 0 where it decides anything."""
     p = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]])  # p_1(0) = 1: accepted
-    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     for q in (None, torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])):
         assert [t.tolist() for t in accept_scan_ref(p, drafts, q, u)] == [[1], [2]]  # the bonus
         assert [t.tolist() for t in emu.accept_scan(p, drafts, q, u, 1)] == [[1], [2]]
@@ -400,7 +400,7 @@ def test_accept_scan_emulated_a_nan_residual_total_falls_back_to_p(emu):
     (torch.where(total > 0, r, p_n)): a NaN in q at the rejected position, with p finite, gives
     a token drawn from p (cdf .25, .5, .75, 1; target .5 -> token 2), not the NaN CDF's V - 1."""
     p = torch.full((1, 2, 4), 0.25)
-    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])
+    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]], dtype=torch.float64)
     q = torch.tensor([[[1.0, float("nan"), 0.0, 0.0]]])  # u q(0) = .5 >= p(0): draft 0 rejected
     assert [t.tolist() for t in accept_scan_ref(p, drafts, q, u)] == [[0], [2]]
     assert [t.tolist() for t in emu.accept_scan(p, drafts, q, u, 1)] == [[0], [2]]
@@ -427,7 +427,8 @@ def test_accept_scan_emulated_greedy_bonus_ignores_the_next_rows_draft(emu, vers
 def test_accept_scan_emulated_kernel_samples_right_of_a_cdf_tie(emu):
     """Catches >= for > in the inverse CDF: u * total equal to a running sum picks the next."""
     p = torch.tensor([[[0.5, 0.25, 0.125, 0.125], [0.25] * 4]])
-    drafts, u = torch.tensor([[0]]), torch.tensor([[0.5, 0.5]])  # rejected: cdf 0, .25, .375, .5
+    u = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    drafts = torch.tensor([[0]])  # rejected: cdf 0, .25, .375, .5
     # target .25 = cdf[1]: token 2
     assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[0], [2]]
     assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[0], [2]]
@@ -439,13 +440,13 @@ def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu, sta
                                                                        monkeypatch):
     """Catches the fallback to V - 1 (here a zero-mass token) when no running sum crosses the
     target. Pass 1's total (per thread, then a tree) keeps the 2^-63 masses that pass 2's tile
-    scans absorb one by one into ~0.5, so the two round to float32 values one step apart, and
-    u = 1 - 2^-24 puts the target above every running sum of pass 2. The kernel then takes the
-    last token with mass. The reference's sequential sum agrees with itself and picks the 0.5:
-    contrived inputs part the two (accept_scan.cu's header). With start = 1 thread 0 holds no
-    mass (tokens 0, 512, ... are zero), which catches a fallback barrier only threads with mass
-    reach: thread 0 would then write the token before the others have named theirs (the
-    in-order schedule shows it; eager runs thread 0 last)."""
+    scans absorb one by one into ~0.5 (under half a float64 step), so pass 1's total is two
+    steps above pass 2's last running sum, and u = 1 - 2^-53 puts the target above every one.
+    The kernel then takes the last token with mass. The reference's sequential sum agrees with
+    itself and picks the 2^-25: contrived inputs part the two (accept_scan.cu's header). With
+    start = 1 thread 0 holds no mass (tokens 0, 512, ... are zero), which catches a fallback
+    barrier only threads with mass reach: thread 0 would then write the token before the others
+    have named theirs (the in-order schedule shows it; eager runs thread 0 last)."""
     monkeypatch.setenv("DFLASH_EMU_SCHEDULE", schedule)
     source = (kernels.HERE / "accept_scan.cu").read_text()
     threads = int(re.search(r"kThreads = (\d+);", source).group(1))
@@ -456,10 +457,10 @@ def test_accept_scan_emulated_kernel_never_samples_a_token_without_mass(emu, sta
     p[0, 1, s], p[0, 1, s + 1], p[0, 1, s + 2:s + 2050] = 0.5, 2.0 ** -25, 2.0 ** -63  # none after
     if start == 1:
         p[0, 1, ::threads] = 0.0                      # thread 0's tokens (0, 512, ...) have none
-    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
+    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -53]], dtype=torch.float64)
     n, nxt = emu.accept_scan(p, drafts, None, u, 1)
     assert p[0, 1, nxt] > 0 and (n.tolist(), nxt.tolist()) == ([1], [s + 2049])
-    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [s]]
+    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [s + 1]]
 
 
 def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
@@ -475,32 +476,34 @@ def test_accept_scan_emulated_kernel_sampling_keeps_nan_like_the_reference(emu):
     assert same(emu.accept_scan(p, drafts, q, u, 1), (n_ref, nxt_ref))
 
 
-def test_accept_scan_emulated_kernel_rounds_running_sums_once(emu):
-    """Catches a tile scan that rounds the carry and the tile's prefix to float32 apart, not
-    their sum once."""
+def test_accept_scan_emulated_kernel_draws_tokens_lighter_than_float32s_grid(emu):
+    """Catches a float32 uniform or running sum (both once were): near 0.5 float32 steps by
+    2^-24, 64 of these tokens, so it could only pick every 64th of them, each 64 times too often
+    (545 here); in float64 the first running sum above the target is token 511's."""
     # not quantized, but every partial sum here is exact in double, so all summation orders agree
     p = torch.zeros(1, 2, 1024)
     p[0, 0, 3] = 1.0                             # draft 3 accepted: the bonus row is sampled
     p[0, 1] = 2.0 ** -30
-    p[0, 1, 0] = 0.5                             # near 0.5, float32 steps by 2^-24: 64 tokens
-    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -20]])  # target 0.5 + 2^-21
-    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [545]]  # not 544
-    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [545]]
+    p[0, 1, 0] = 0.5                             # cdf_j = 0.5 + j 2^-30, total 0.5 + 1023 2^-30
+    u = torch.tensor([[0.5, 1 - 2.0 ** -20]], dtype=torch.float64)  # -> 0.5 + 511 2^-30 - 1e-12
+    drafts = torch.tensor([[3]])
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [511]]
+    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [511]]
 
 
 def test_accept_scan_emulated_kernel_sums_the_total_in_double(emu):
     """Catches pass 1 (the total) accumulated per thread in float32: thread 0 holds token 0
     (0.5) and tokens 512, 1024, ... 3584 (2^-26 each), which a float32 partial of 0.5 drops. In
-    double the total rounds to 1 + 2^-23, the target u * total to 1.0, and the first running
-    sum above 1.0 is token 2560 (1 + 5 * 2^-26); a total of 1.0 would give token 1."""
+    double the total is 1 + 7 2^-26, the target u * total 1 + 3 2^-26 - 7 2^-50, and the first
+    running sum above it is token 1536's (1 + 3 2^-26); a total of 1.0 would give token 1."""
     V = 4099
     p = torch.zeros(1, 2, V)
     p[0, 0, 3] = 1.0                                # draft 3 accepted: the bonus row is sampled
     p[0, 1, 0] = p[0, 1, 1] = 0.5
     p[0, 1, 512:4096:512] = 2.0 ** -26
-    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]])
-    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [2560]]
-    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [2560]]
+    drafts, u = torch.tensor([[3]]), torch.tensor([[0.5, 1 - 2.0 ** -24]], dtype=torch.float64)
+    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [1536]]
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [1536]]
 
 
 # -----------------------------------------------------------------------------
