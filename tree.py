@@ -36,8 +36,9 @@ def build_tree(q, N, max_children=None, g=None):
     added, a parent first (node 0 is the root: parents index [root] + nodes). A node's children
     are the next slot's tokens, best first: greedy (g None) by q, alike at a depth; sampling by
     log q + Gumbel noise of the node's own, a draw without replacement (noise shared by a depth
-    biased the output). A path scores the sum of its nodes'; the heap holds each node's next
-    sibling and first child: each pop adds the best node not in the tree (DDTree's growth)."""
+    biased the output). A path scores the sum of its nodes' (noisy ones: a noisy score says
+    nothing of its token, so what gets in does not either; by log q alone it would: biased).
+    The heap holds each node's next sibling and first child: each pop adds the best node left."""
     D, V = q.shape
     k = min(max_children or N, V)
     logq = q.float().clamp_min(1e-30).log()

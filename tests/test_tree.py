@@ -172,6 +172,21 @@ def test_each_node_draws_its_children_on_its_own_when_sampling():
     assert abs(share - 0.9) < 4 * (0.09 / len(first)) ** 0.5, (share, len(first))
 
 
+def test_whether_a_sibling_gets_in_says_nothing_of_its_token():
+    """Sampling: the growth may give a node a second child or not, but not by which token the
+    child is, or the rule's residual no longer matches that child's draw. Paths scored by log q
+    instead of the noisy scores let the root's second child in after token 0 only when it was
+    token 1 (q .3 > .5 x .4 > .2): 73 % of such trees against q's 60 % (output TV ~0.03)."""
+    q = torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.3, 0.3]])
+    g, second = torch.Generator().manual_seed(0), []
+    for _ in range(16000):
+        tokens, parents, _ = tree.build_tree(q, 2, g=g)
+        kids = [t for t, p in zip(tokens, parents) if p == 0]
+        second += kids[1:] if kids[0] == 0 else []
+    share = sum(t == 1 for t in second) / len(second)
+    assert len(second) > 400 and abs(share - 0.6) < 4 * (0.24 / len(second)) ** 0.5, share
+
+
 def test_a_tree_larger_than_the_top_k_candidates_stays_lossless():
     """One slot (block 2) and top-k 4 give 4 candidates with q > 0; a tree of 8 is padded with
     tokens q never draws (score -inf). The rule must not take them for draws: before it skipped
