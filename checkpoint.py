@@ -3,12 +3,10 @@ Checkpoints: save, load and hash them; load the target, and a drafter by method 
 
 A checkpoint is a torch.save'd dict: kind ("target", "mtp", "eagle", "dflash"), config,
 state_dict, args (the trainer's flags), and for a drafter the weights_hash of the target it was
-trained for, so that a drafter never runs against another target.
-
-    python checkpoint.py hf out/hf        # Hugging Face Qwen3 + z-lab DFlash folders (interop.py)
+trained for, so that a drafter never runs against another target. A Hugging Face Qwen3 folder
+or a z-lab DFlash folder loads wherever a checkpoint does (interop.py).
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -89,7 +87,7 @@ def get_device(name=None):
 def load_target(path, device="cpu", dtype=torch.float32):
     """A target checkpoint trained with our tokenizer, or a Hugging Face Qwen3 folder."""
     if os.path.isdir(path):
-        return interop.load_hf_target(path, device, dtype)
+        return interop.readable(interop.load_hf_target, path, device, dtype)
     ckpt = load_checkpoint(path, kind="target")
     if ckpt.get("tokenizer") != data.tokenizer_hash():
         raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
@@ -104,7 +102,7 @@ def load_target(path, device="cpu", dtype=torch.float32):
 def load_tokenizer(target_path):
     """The target's tokenizer: a Hugging Face folder's tokenizer.json, else ours."""
     if os.path.isdir(target_path):
-        return interop.load_hf_tokenizer(target_path)
+        return interop.readable(interop.load_hf_tokenizer, target_path)
     return data.get_encoding()
 
 
@@ -134,7 +132,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         src = "the target's own heads"
     elif (method == "dflash" and os.path.isfile(os.path.join(folder, "config.json"))
           and not os.path.isfile(src)):  # a dflash.pt beside it is ours, and checked: it wins
-        model, src = interop.load_zlab_dflash(folder, target), f"z-lab folder {folder}"
+        model = interop.readable(interop.load_zlab_dflash, folder, target)
+        src = f"z-lab folder {folder}"
         sd = model.state_dict()
     else:
         ck = load_checkpoint(src, kind=method)
@@ -187,30 +186,3 @@ def drafter_options(args, parser, methods):
     if not 0 <= args.confidence <= 1:  # NaN too
         raise ValueError(f"--confidence must be within 0..1 (0: off), got {args.confidence}")
     return {kw["dest"]: getattr(args, kw["dest"]) for _, kw in DRAFTER_FLAGS.values()}
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description="hf OUT: the z-lab DFlash folder OUT/dflash and, for a "
-                                "target of ours, its Qwen3 folder OUT/target (interop.py)")
-    p.add_argument("command", choices=["hf"], help="the export (the only one)")
-    p.add_argument("out", help="the folder to write")
-    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint or Qwen3 folder (default: the committed one)")
-    p.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
-    args = p.parse_args(argv)
-    try:
-        target = load_target(args.target)
-        dflash = load_drafter("dflash", target, args.weights or os.path.dirname(args.target)).dflash
-        hf, zlab = os.path.join(args.out, "target"), os.path.join(args.out, "dflash")
-        interop.save_zlab_dflash(dflash, zlab)
-        print(f"wrote {zlab} (DFlashDraftModel)")
-        if not os.path.isdir(args.target):  # a Hugging Face target is one already
-            interop.save_hf_target(target, hf)
-            interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
-            print(f"wrote {hf} (Qwen3ForCausalLM, tokenizer.json)")
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
-
-
-if __name__ == "__main__":
-    main()

@@ -244,7 +244,7 @@ class DFlashDrafter:
 
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
-        cfg, L = self.target.cfg, self.dflash.n_layer
+        cfg, L = self.dflash.layer_cfg, self.dflash.n_layer  # its own heads (z-lab's may differ)
         shape = (L, B, cfg.n_kv_head, T_max, cfg.head_dim)  # (L, B, H, T_max, D)
         w = self.target.head.weight
         self.ck, self.cv = w.new_zeros(shape), w.new_zeros(shape)

@@ -1,11 +1,11 @@
 """
-Real formats in and out (DESIGN.md sec. 1): a Hugging Face Qwen3 checkpoint and its tokenizer
-load into model.py's Transformer and a tiktoken encoding, and a DFlash drafter moves in z-lab's
-folder layout, the one vLLM (`"method": "dflash"`) and SGLang (`DFLASH`) load. Our target is a
+Real formats in (DESIGN.md sec. 1): a Hugging Face Qwen3 checkpoint and its tokenizer load into
+model.py's Transformer and a tiktoken encoding, and a DFlash drafter in z-lab's folder layout,
+the one vLLM (`"method": "dflash"`) and SGLang (`DFLASH`) load, into our DFlash. Our target is a
 Qwen3 already, so this file is names, shapes and files, no math. checkpoint.load_target takes a
 Qwen3 folder wherever it takes a .pt file, and load_drafter("dflash", ...) a z-lab folder.
 
-    python checkpoint.py hf out/hf       # the committed target, tokenizer and DFlash drafter
+    python dev/hf_export.py out/hf       # the way out: the committed target, tokenizer, DFlash
     python sample.py --target out/hf/target --weights out/hf/dflash --method dflash --check
 """
 
@@ -15,7 +15,8 @@ import unicodedata
 
 import tiktoken
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from draft_diffusion import DFlash
 from model import Config, Transformer
@@ -35,7 +36,7 @@ BYTE_CHARS = {**{b: chr(b) for b in PRINTABLE}, **{b: chr(256 + i) for i, b in e
 # Qwen2's split regex (Qwen3 keeps it): a GPT-4-like pre-tokenizer with single digits
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# Config's fields -> their names in a Qwen3 config.json, in the order save_folder writes them
+# Config's fields -> their names in a Qwen3 config.json (dev/hf_export.py writes them in order)
 QWEN3_NAMES = dict(n_embd="hidden_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
                    n_kv_head="num_key_value_heads", head_dim="head_dim", vocab_size="vocab_size",
                    mlp_hidden="intermediate_size", max_seq_len="max_position_embeddings",
@@ -43,6 +44,18 @@ QWEN3_NAMES = dict(n_embd="hidden_size", n_layer="num_hidden_layers", n_head="nu
 
 
 # folders: config.json and safetensors
+def readable(load, folder, *args):
+    """load(folder, *args), with a damaged folder's error (a field missing or of the wrong type,
+    a truncated or unparsable file) as one line that names the folder."""
+    try:
+        return load(folder, *args)
+    except FileNotFoundError:  # already one line that names the file
+        raise
+    except (KeyError, TypeError, AttributeError, OSError, SafetensorError, UnicodeError,
+            json.JSONDecodeError) as e:
+        raise ValueError(f"{folder}: damaged ({type(e).__name__}: {e})") from None
+
+
 def read_config(folder, architecture):
     """config.json -> its dict and Config's fields (RoPE: rope_theta, or transformers 5's
     rope_parameters)."""
@@ -70,19 +83,6 @@ def read_weights(folder):
         with open(index) as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
     return {k: v for s in shards for k, v in load_file(os.path.join(folder, s)).items()}
-
-
-def save_folder(module, names, cfg, folder, dtype, **extra):
-    """config.json (cfg as a Qwen3's, and extra) and model.safetensors under the file's names."""
-    c = {theirs: getattr(cfg, ours) for ours, theirs in QWEN3_NAMES.items()}
-    c.update(hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
-             model_type="qwen3")
-    os.makedirs(folder, exist_ok=True)
-    sd = module.state_dict()
-    save_file({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
-              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**c, **extra, "torch_dtype": str(dtype)[6:]}, f, indent=1)
 
 
 def load_renamed(module, sd, names, where):
@@ -119,11 +119,6 @@ def load_hf_target(folder, device="cpu", dtype=torch.float32):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def save_hf_target(model, folder, dtype=torch.bfloat16):
-    save_folder(model, target_names(model.cfg), model.cfg, folder, dtype,
-                architectures=["Qwen3ForCausalLM"])
-
-
 # the tokenizer: tokenizer.json (byte-level BPE) <-> tiktoken
 class NFCEncoding(tiktoken.Encoding):
     """A tiktoken encoding that first NFC-normalizes its text, as Qwen's tokenizer.json says."""
@@ -137,8 +132,11 @@ class NFCEncoding(tiktoken.Encoding):
 def split_pattern(pre):
     """The split regex of a tokenizer.json pre_tokenizer (a Split, or GPT-2's ByteLevel)."""
     for p in pre.get("pretokenizers", [pre]) if pre else []:
-        if p["type"] == "Split":
-            return p["pattern"].get("Regex") or p["pattern"]["String"]
+        if p["type"] == "Split":  # tiktoken splits by the regex's matches: so must the file
+            if p.get("behavior") != "Isolated" or p.get("invert") or "Regex" not in p["pattern"]:
+                raise ValueError(f"tokenizer.json: a {p.get('behavior')} Split by {p['pattern']}"
+                                 f"{' (inverted)' if p.get('invert') else ''} is not supported")
+            return p["pattern"]["Regex"]
         if p["type"] == "ByteLevel" and p.get("use_regex", True):
             return r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     return QWEN_PATTERN
@@ -165,40 +163,6 @@ def load_hf_tokenizer(folder):
         pat_str=split_pattern(tj.get("pre_tokenizer")), special_tokens=specials)
 
 
-def bpe_parts(token, ranks):
-    """The two tokens whose merge made `token` (bytes): byte-pair encode it with the ranks below
-    its own, as tiktoken would, until two parts remain."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        i = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], 1 << 60))
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
-    return parts
-
-
-def save_hf_tokenizer(enc, folder, pattern):
-    """tokenizer.json of a tiktoken encoding: vocab, merges, split regex, special tokens."""
-    ranks = {enc.decode_single_token_bytes(i): i for i in range(enc.n_vocab)
-             if i not in enc._special_tokens.values()}
-    spell = lambda b: "".join(BYTE_CHARS[x] for x in b)
-    merges = [[spell(a), spell(b)] for tok in sorted(ranks, key=ranks.get) if len(tok) > 1
-              for a, b in [bpe_parts(tok, ranks)]]
-    level = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False)
-    specials = sorted(enc._special_tokens.items(), key=lambda x: x[1])
-    split = dict(type="Split", pattern=dict(Regex=pattern), behavior="Isolated", invert=False)
-    tj = dict(version="1.0", truncation=None, padding=None, normalizer=None,
-              added_tokens=[dict(id=i, content=s, single_word=False, lstrip=False, rstrip=False,
-                                 normalized=False, special=True) for s, i in specials],
-              pre_tokenizer=dict(type="Sequence", pretokenizers=[split, level]),
-              post_processor=None, decoder=level,
-              model=dict(type="BPE", dropout=None, unk_token=None, continuing_subword_prefix=None,
-                         end_of_word_suffix=None, fuse_unk=False, byte_fallback=False,
-                         ignore_merges=False, vocab={spell(t): i for t, i in ranks.items()},
-                         merges=merges))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tj, f, ensure_ascii=False)
-
-
 # the DFlash drafter: z-lab's layout
 def dflash_names(n_layer):
     names = {"fc.weight": "fc.weight", "ctx_norm.weight": "hidden_norm.weight",
@@ -214,24 +178,17 @@ def load_zlab_dflash(folder, target):
     c, fields = read_config(folder, "DFlashDraftModel")
     tc, dc, L = target.cfg, c.get("dflash_config") or {}, target.cfg.n_layer
     layer_cfg = Config(**{**fields, "vocab_size": tc.vocab_size})
-    ids = dc.get("target_layer_ids")
-    if not ids or not all(0 <= i < L for i in ids):
-        raise ValueError(f"{folder}: target_layer_ids {ids} do not fit a target of {L} layers")
+    ids, n = dc.get("target_layer_ids"), c.get("num_target_layers", L)  # in order, as ours
+    if n != L or not ids or ids != sorted(set(ids)) or not 0 <= ids[0] <= ids[-1] < L:
+        raise ValueError(f"{folder}: target_layer_ids {ids} of {n} do not fit a target of {L}")
     shape, mask = lambda c: (c.n_embd, c.head_dim, c.rope_theta), dc.get("mask_token_id")
+    block = dc.get("block_size", c.get("block_size", 16))  # SGLang reads dflash_config's first
     # it reads the target's embeddings and RoPE tables, and masks with a token of its vocabulary
-    if shape(layer_cfg) != shape(tc) or mask not in range(tc.vocab_size):
-        raise ValueError(f"{folder}: hidden size, head size, RoPE theta or mask_token_id {mask} "
-                         f"do not fit the target")
-    model = DFlash(tc, n_layer=c["num_hidden_layers"], block_size=c.get("block_size", 16),
+    if (shape(layer_cfg) != shape(tc) or type(mask) is not int or mask not in range(tc.vocab_size)
+            or type(block) is not int):
+        raise ValueError(f"{folder}: hidden size, head size, RoPE theta, mask_token_id {mask} or "
+                         f"block_size {block!r} do not fit the target")
+    model = DFlash(tc, n_layer=c["num_hidden_layers"], block_size=block,
                    mask_id=mask, hidden_layers=[i + 1 for i in ids], layer_cfg=layer_cfg)
     load_renamed(model, read_weights(folder), dflash_names(model.n_layer), folder)
     return model.to(target.head.weight).eval()
-
-
-def save_zlab_dflash(dflash, folder, dtype=torch.bfloat16):
-    ids = [l - 1 for l in dflash.hidden_layers]
-    cfg = Config(**{**vars(dflash.layer_cfg), "n_layer": dflash.n_layer})
-    save_folder(dflash, dflash_names(dflash.n_layer), cfg, folder, dtype,
-                architectures=["DFlashDraftModel"], block_size=dflash.block_size,
-                num_target_layers=dflash.cfg.n_layer,
-                dflash_config=dict(target_layer_ids=ids, mask_token_id=dflash.mask_id))

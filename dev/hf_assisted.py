@@ -1,6 +1,6 @@
 """
 Our `draft` method against Hugging Face transformers' assisted generation (issue 50, item 4): the
-same target and draft model, exported to Qwen3 folders (interop.py) in float32, in one process
+same target and draft model, exported to Qwen3 folders (dev/hf_export.py) in float32, in one process
 and one table: the same prompts (bench.py's: the committed held-out ones), greedy, batch 1, on the
 CPU, each row timed alike (a warm-up, then wall time over all prompts).
 
@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file (python dev/hf_assisted.py)
     sys.path.insert(0, ROOT)
 import data
-import interop
+from dev import hf_export
 from bench import checked, die
 from checkpoint import load_drafter, load_target
 from speculate import generate
@@ -147,7 +147,7 @@ def main(argv=None):
     drafter = checked(load_drafter, "draft", target, weights)
     with tempfile.TemporaryDirectory() as tmp:  # float32 on disk: exactly our weights
         for name, model in (("target", target), ("draft", drafter.model)):
-            interop.save_hf_target(model, os.path.join(tmp, name), dtype=torch.float32)
+            hf_export.save_hf_target(model, os.path.join(tmp, name), dtype=torch.float32)
         hf, hf_draft = load_hf(os.path.join(tmp, "target")), load_hf(os.path.join(tmp, "draft"))
     hf.generation_config.eos_token_id = hf_draft.generation_config.eos_token_id = None
 

@@ -16,10 +16,9 @@ import torch
 
 import bench
 import data
-import interop
 import speculate
 from checkpoint import load_target, save_checkpoint, weights_hash
-from dev import sweep
+from dev import hf_export, sweep
 from test_model import save_tiny, tiny_model
 
 RESULT_KEYS = {"method": str, "temperature": float, "tau": float, "tau_se": float, "tokens_per_s": float,
@@ -624,7 +623,7 @@ def test_batch_sweep_bad_flags_are_one_line(flags, expect, capsys):
 
 
 def test_a_hugging_face_folder_without_its_tokenizer_is_one_error_line(weights, tmp_path, capsys):
-    interop.save_hf_target(load_target(str(weights / "target.pt")), str(tmp_path / "hf"))
+    hf_export.save_hf_target(load_target(str(weights / "target.pt")), str(tmp_path / "hf"))
     with pytest.raises(SystemExit) as e:  # was a FileNotFoundError traceback
         bench.main(["--target", str(tmp_path / "hf"), "--methods", "ar", "--temperatures", "0",
                     "--n-prompts", "1", "--max-new-tokens", "2"])

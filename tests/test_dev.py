@@ -337,7 +337,8 @@ def test_sdpa_probe_refuses_bad_flags_in_one_line(argv, message, capsys):
     assert e.value.code == 2 and message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("script", ["sdpa_probe.py", "emu.py", "nvcc_check.py", "target_quality.py"])
+@pytest.mark.parametrize("script", ["sdpa_probe.py", "emu.py", "nvcc_check.py", "target_quality.py",
+                                    "hf_export.py"])
 def test_the_dev_tools_run_as_files(script, tmp_path):
     """`python dev/sdpa_probe.py` and its neighbours, from any folder."""
     r = subprocess.run([sys.executable, os.path.join(DEV, script), "--help"], cwd=tmp_path,

@@ -23,6 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 import data
 import interop
 import speculate
+from dev import hf_export
 from checkpoint import load_drafter, load_target, save_checkpoint, weights_hash
 from draft_diffusion import DFlash, DFlashDrafter
 from draft_simple import ModelDrafter, NgramDrafter
@@ -65,7 +66,7 @@ def test_a_transformers_qwen3_loads_with_its_logits(tmp_path, tied, dtype, shard
     out = hf.generate(ids[:1], max_new_tokens=12, do_sample=False)[0, 20:].tolist()
     assert naive_generate(ours, ids[0].tolist(), 12) == out
     # and back: our export loads into transformers with the same logits (bf16 on disk)
-    interop.save_hf_target(ours, str(tmp_path / "back"), dtype=torch.float32)
+    hf_export.save_hf_target(ours, str(tmp_path / "back"), dtype=torch.float32)
     again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back")).eval()
     with torch.no_grad():
         assert (again(ids).logits - ours(ids)[0]).abs().max().item() <= 1e-5
@@ -73,7 +74,7 @@ def test_a_transformers_qwen3_loads_with_its_logits(tmp_path, tied, dtype, shard
 
 def test_our_tokenizer_exports_to_a_tokenizer_json_with_the_same_ids(tmp_path):
     enc = data.get_encoding()
-    interop.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR)
+    hf_export.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR)
     tk = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
     assert all(tk.encode(p).ids == enc.encode_ordinary(p) for p in prompts)
@@ -117,7 +118,7 @@ def test_a_dflash_drafter_round_trips_through_the_zlab_layout(tmp_path):
     folder, _ = hf_qwen3(tmp_path)
     target = load_target(folder)
     df = random_dflash(target)
-    interop.save_zlab_dflash(df, str(tmp_path / "dflash"), dtype=torch.float32)
+    hf_export.save_zlab_dflash(df, str(tmp_path / "dflash"), dtype=torch.float32)
     c = json.load(open(tmp_path / "dflash" / "config.json"))
     assert c["architectures"] == ["DFlashDraftModel"] and c["block_size"] == 6
     assert c["dflash_config"] == {"target_layer_ids": [l - 1 for l in df.hidden_layers], "mask_token_id": V - 1}
@@ -139,7 +140,7 @@ def test_a_dflash_pt_beside_a_zlab_folder_wins(tmp_path):
     dflash.pt there: that one, trained for this target and hash-checked, is the drafter."""
     folder, _ = hf_qwen3(tmp_path)
     target = load_target(folder)
-    interop.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
+    hf_export.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
     ours = random_dflash(target)
     with torch.no_grad():
         ours.fc.weight.mul_(-1.0)  # other weights than the z-lab folder's
@@ -183,10 +184,146 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
             load_target(folder)
     json.dump(good, open(cfg_path, "w"))
     target = load_target(folder)
-    interop.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
+    hf_export.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
     dpath = tmp_path / "dflash" / "config.json"
     dgood = json.load(open(dpath))
-    json.dump({**dgood, "dflash_config": {**dgood["dflash_config"], "target_layer_ids": [1, 3]}},
-              open(dpath, "w"))
-    with pytest.raises(ValueError, match=r"target_layer_ids \[1, 3\] do not fit a target of 3 layers"):
-        load_drafter("dflash", target, str(tmp_path / "dflash"))
+    dc = dgood["dflash_config"]
+    for change, message in [
+            ({"dflash_config": {**dc, "target_layer_ids": [1, 3]}}, r"\[1, 3\] of 3 do not fit"),
+            ({"dflash_config": {**dc, "target_layer_ids": [1, 0]}}, r"\[1, 0\] of 3 do not fit"),
+            ({"num_target_layers": 36}, r"of 36 do not fit a target of 3"),  # ids fit, not its
+            ({"dflash_config": {**dc, "mask_token_id": float(V - 1)}}, "mask_token_id 96.0")]:
+        json.dump({**dgood, **change}, open(dpath, "w"))
+        with pytest.raises(ValueError, match=message):
+            load_drafter("dflash", target, str(tmp_path / "dflash"))
+    # SGLang reads dflash_config's block_size first; z-lab's newer drafters keep it only there
+    json.dump({**dgood, "block_size": 16, "dflash_config": {**dc, "block_size": 6}}, open(dpath, "w"))
+    assert load_drafter("dflash", target, str(tmp_path / "dflash")).dflash.block_size == 6
+
+
+def damage_config(key, value):
+    def damage(folder):
+        path = os.path.join(folder, "config.json")
+        c = json.load(open(path))
+        if value is None:
+            c.pop(key)
+        else:
+            c[key] = value
+        json.dump(c, open(path, "w"))
+    return damage
+
+
+def replace_file(name, text=None):  # text None: a directory where the file was
+    def damage(folder):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            os.remove(path)
+        if text is None:
+            os.mkdir(path)
+        else:
+            open(path, "w").write(text)
+    return damage
+
+
+def truncate(name):
+    def damage(folder):
+        path = os.path.join(folder, name)
+        data_ = open(path, "rb").read()
+        open(path, "wb").write(data_[:len(data_) // 2])
+    return damage
+
+
+@pytest.mark.parametrize("damage", [
+    replace_file("config.json", "[]"), replace_file("config.json", '{"hidden_size": 6'),
+    damage_config("hidden_size", None), damage_config("rms_norm_eps", None),
+    damage_config("hidden_size", "64"), truncate("model.safetensors"),
+    replace_file("model.safetensors", ""), replace_file("model.safetensors"),
+    replace_file("model.safetensors.index.json", "{}")])
+def test_a_damaged_qwen3_folder_is_one_error_line_that_names_it(tmp_path, damage):
+    """Each was a KeyError, TypeError, AttributeError, OSError or SafetensorError traceback."""
+    folder, _ = hf_qwen3(tmp_path)
+    damage(folder)
+    with pytest.raises(ValueError, match=f"^{folder}: "):
+        load_target(folder)
+
+
+@pytest.mark.parametrize("damage", [
+    replace_file("tokenizer.json"), replace_file("tokenizer.json", '{"version": "1.0"}'),
+    replace_file("tokenizer.json", '{"model": []}')])
+def test_a_damaged_tokenizer_json_is_one_error_line_that_names_its_folder(tmp_path, damage):
+    from checkpoint import load_tokenizer
+    hf_export.save_hf_tokenizer(data.get_encoding(), str(tmp_path), data.PAT_STR)
+    damage(str(tmp_path))
+    with pytest.raises(ValueError, match=f"^{tmp_path}: "):
+        load_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage", [
+    damage_config("dflash_config", [0, 1]), damage_config("block_size", "6"),
+    damage_config("num_hidden_layers", None), truncate("model.safetensors")])
+def test_a_damaged_zlab_folder_is_one_error_line_that_names_it(tmp_path, damage):
+    folder, _ = hf_qwen3(tmp_path)
+    target = load_target(folder)
+    zlab = str(tmp_path / "dflash")
+    hf_export.save_zlab_dflash(random_dflash(target), zlab)
+    damage(zlab)
+    with pytest.raises(ValueError, match=f"^{zlab}: "):
+        load_drafter("dflash", target, zlab)
+
+
+def test_a_split_the_tokenizer_cannot_follow_is_refused(tmp_path):
+    """tiktoken splits text by the regex's matches; a Split by a String or an inverted or
+    removing one used to be taken as that regex (text it does not match was dropped)."""
+    hf_export.save_hf_tokenizer(data.get_encoding(), str(tmp_path), data.PAT_STR)
+    tj = json.load(open(tmp_path / "tokenizer.json"))
+    for change in [dict(pattern={"String": " "}), dict(behavior="Removed"), dict(invert=True)]:
+        split = {**tj["pre_tokenizer"]["pretokenizers"][0], **change}
+        bad = {**tj, "pre_tokenizer": {**tj["pre_tokenizer"], "pretokenizers": [
+            split, tj["pre_tokenizer"]["pretokenizers"][1]]}}
+        json.dump(bad, open(tmp_path / "tokenizer.json", "w"))
+        with pytest.raises(ValueError, match="Split .* is not supported"):
+            interop.load_hf_tokenizer(str(tmp_path))
+
+
+def test_a_zlab_drafter_with_fewer_kv_heads_than_its_target_is_lossless(tmp_path):
+    """z-lab's layers are their own config's: 1 KV head against the target's 2 (it used to size
+    its context cache by the target's heads and fail)."""
+    folder, _ = hf_qwen3(tmp_path)
+    target = load_target(folder)
+    from model import Config
+    lc = Config(**{**vars(target.cfg), "n_kv_head": 1})
+    hf_export.save_zlab_dflash(random_dflash(target, layer_cfg=lc), str(tmp_path / "dflash"))
+    dr = load_drafter("dflash", target, str(tmp_path / "dflash"))
+    assert dr.dflash.layer_cfg.n_kv_head == 1
+    prompts = [[5, 9, 2, 7, 7, 1, 30], [4, 4]]
+    outs, _ = speculate.generate(target, prompts, dr, max_new_tokens=16)
+    assert outs == [naive_generate(target, p, 16) for p in prompts]
+
+
+def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
+    """vLLM and SGLang load the tokenizer with AutoTokenizer: without tokenizer_config.json it
+    picked Qwen2Tokenizer for a qwen3 config, whose own split regex (single digits) gave other
+    ids on 15 of the 256 held-out prompts."""
+    enc = data.get_encoding()
+    hf_export.save_hf_target(load_target(os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")),
+                             str(tmp_path), eos_token_id=enc.eot_token)
+    hf_export.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR, eos=data.EOT)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS) + ["x = 12345678"]
+    assert all(tok.encode(p, add_special_tokens=False) == enc.encode_ordinary(p) for p in prompts)
+    assert tok.eos_token_id == enc.eot_token
+    assert json.load(open(tmp_path / "config.json"))["eos_token_id"] == enc.eot_token
+
+
+def test_the_export_warns_of_a_last_layer_feature_and_refuses_a_file(tmp_path, capsys):
+    folder, _ = hf_qwen3(tmp_path)
+    target = load_target(folder)
+    df = random_dflash(target)  # 2 features of 3 layers: (1, 3), the last one among them
+    save_checkpoint(str(tmp_path / "dflash.pt"), dict(
+        kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
+        target_hash=weights_hash(target.cfg, target.state_dict())))
+    hf_export.main([str(tmp_path / "out"), "--target", folder, "--weights", str(tmp_path)])
+    assert "warning: this drafter reads the target's last block (3)" in capsys.readouterr().out
+    open(tmp_path / "file", "w").close()
+    with pytest.raises(SystemExit, match="file is a file; name a folder"):
+        hf_export.main([str(tmp_path / "file"), "--target", folder, "--weights", str(tmp_path)])

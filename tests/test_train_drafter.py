@@ -508,16 +508,16 @@ def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir,
 
 def test_a_hugging_face_target_gets_a_drafter_that_exports_to_zlab(target_dir, tmp_path):
     """Issue 51's path for a real model: train_drafter.py on a Qwen3 folder (its prompts in the
-    folder's tokenizer), checkpoint.py hf exports the drafter alone in z-lab's layout (the target
+    folder's tokenizer), dev/hf_export.py exports the drafter alone in z-lab's layout (the target
     is a Qwen3 folder already), and bench.py decodes with both, losslessly."""
     import bench
-    import interop
+    from dev import hf_export
     hf, out = str(tmp_path / "qwen3"), str(tmp_path / "export")
-    interop.save_hf_target(load_target(str(target_dir / "target.pt")), hf, dtype=torch.float32)
-    interop.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
+    hf_export.save_hf_target(load_target(str(target_dir / "target.pt")), hf, dtype=torch.float32)
+    hf_export.save_hf_tokenizer(data.get_encoding(), hf, data.PAT_STR)
     run(tmp_path, "dflash", "--dflash-layers", "1", target="qwen3")
     assert os.path.exists(tmp_path / "dflash.pt")  # beside the folder, as beside a .pt
-    checkpoint.main(["hf", out, "--target", hf, "--weights", str(tmp_path)])
+    hf_export.main([out, "--target", hf, "--weights", str(tmp_path)])
     assert os.listdir(out) == ["dflash"]          # no second copy of the target
     rows = bench.main(["--target", hf, "--weights", os.path.join(out, "dflash"), "--methods",
                        "ar,dflash", "--temperatures", "0", "--n-prompts", "1",
