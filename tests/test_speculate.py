@@ -429,6 +429,28 @@ def test_broken_acceptance_rule_fails(monkeypatch, name, broken):
     assert tv > bound, f"{broken.__name__} with {name}: TV {tv:.3f}, bound {bound:.3f}"
 
 
+def broken_bonus_from_the_last_draft(p, drafts, q=None, uniforms=None):
+    """The right rule, but with every draft accepted the bonus comes from p_K, not p_{K+1}."""
+    n, nxt = accept_scan_ref(p, drafts, q, uniforms)
+    K = drafts.shape[1]
+    if uniforms is None or K == 0:
+        return n, nxt
+    shifted = p.clone()
+    shifted[:, K] = p[:, K - 1]
+    return n, torch.where(n == K, accept_scan_ref(shifted, drafts, q, uniforms)[1], nxt)
+
+
+@pytest.mark.parametrize("broken", [None, broken_bonus_from_the_last_draft])
+def test_sampling_is_lossless_through_the_bonus_token(monkeypatch, broken):
+    """The tests above draft K = 2, so the bonus is the 4th new token, past the 3 they read (a
+    bonus from the wrong position passed them at TV 0.07). At K = 1 it is the 3rd: the right
+    rule stays under the bound, that broken one lands at TV ~0.35."""
+    if broken:
+        monkeypatch.setattr(speculate, "accept_scan", broken)
+    tv, bound, _ = sampled_tv(sampling_target(), SAMPLE_PROMPT, sampling_drafters()["draft-q"], K=1)
+    assert (tv > bound) if broken else (tv < bound), (tv, bound)
+
+
 # -----------------------------------------------------------------------------
 # accept_scan_ref on hand-built cases
 
