@@ -66,8 +66,11 @@ def read_config(folder, architecture):
         c = json.load(f)
     if architecture not in (c.get("architectures") or []):
         raise ValueError(f"{path}: this loads {architecture}, not {c.get('architectures')}")
-    if c.get("attention_bias") or c.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{path}: attention biases or an activation other than silu")
+    swa = c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or [])
+    if (c.get("attention_bias") or c.get("hidden_act", "silu") != "silu" or swa
+            or c.get("partial_rotary_factor", 1) != 1):
+        raise ValueError(f"{path}: attention biases, sliding windows, partial RoPE or an "
+                         f"activation other than silu are not supported")
     rope = c.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
         raise ValueError(f"RoPE scaling {rope or c.get('rope_scaling')} is not supported")
@@ -90,9 +93,11 @@ def load_renamed(module, sd, names, where):
     unexpected and misshapen tensors are refused in one line, before anything is copied."""
     missing = [t for t in names.values() if t not in sd]
     extra = sorted(set(sd) - set(names.values()))
-    bad = [f"{t} {tuple(sd[t].shape)} (config: {tuple(v.shape)})" for k, v in
-           module.state_dict().items() if (t := names.get(k)) in sd and sd[t].shape != v.shape]
-    for what, items in (("missing", missing), ("unexpected", extra), ("of the wrong shape", bad)):
+    bad = [f"{t} {tuple(sd[t].shape)} {sd[t].dtype} (config: {tuple(v.shape)})" for k, v in
+           module.state_dict().items() if (t := names.get(k)) in sd
+           and (sd[t].shape != v.shape or not sd[t].is_floating_point())]  # int8: quantized
+    for what, items in (("missing", missing), ("unexpected", extra),
+                        ("of the wrong shape or dtype", bad)):
         if items:
             raise ValueError(f"{where}: {len(items)} tensors {what}, e.g. {', '.join(items[:3])}")
     module.load_state_dict({k: sd[theirs].float() for k, theirs in names.items()}, strict=False)
@@ -120,13 +125,17 @@ def load_hf_target(folder, device="cpu", dtype=torch.float32):
 
 
 # the tokenizer: tokenizer.json (byte-level BPE) <-> tiktoken
-class NFCEncoding(tiktoken.Encoding):
-    """A tiktoken encoding that first NFC-normalizes its text, as Qwen's tokenizer.json says."""
+class HFEncoding(tiktoken.Encoding):
+    """tiktoken as transformers reads a tokenizer.json: NFC first where it says so (Qwen's), and
+    its added tokens ("<|im_start|>", "<think>") matched in any text, encode_ordinary's too (our
+    own tokenizer keeps "<|endoftext|>" in a source file as text)."""
+    nfc = False
+
     def encode_ordinary(self, text):
-        return super().encode_ordinary(unicodedata.normalize("NFC", text))
+        return self.encode(text, allowed_special="all")
 
     def encode(self, text, **kw):
-        return super().encode(unicodedata.normalize("NFC", text), **kw)
+        return super().encode(unicodedata.normalize("NFC", text) if self.nfc else text, **kw)
 
 
 def split_pattern(pre):
@@ -157,10 +166,10 @@ def load_hf_tokenizer(folder):
         raise ValueError(f"{path}: not a byte-level vocabulary") from None
     ids = set(ranks.values())
     specials = {t["content"]: t["id"] for t in tj.get("added_tokens", []) if t["id"] not in ids}
-    nfc = (tj.get("normalizer") or {}).get("type") == "NFC"
-    return (NFCEncoding if nfc else tiktoken.Encoding)(
-        name=os.path.basename(os.path.abspath(folder)), mergeable_ranks=ranks,
-        pat_str=split_pattern(tj.get("pre_tokenizer")), special_tokens=specials)
+    enc = HFEncoding(name=os.path.basename(os.path.abspath(folder)), mergeable_ranks=ranks,
+                     pat_str=split_pattern(tj.get("pre_tokenizer")), special_tokens=specials)
+    enc.nfc = (tj.get("normalizer") or {}).get("type") == "NFC"
+    return enc
 
 
 # the DFlash drafter: z-lab's layout

@@ -97,9 +97,11 @@ def test_a_qwen_style_tokenizer_json_converts_to_tiktoken(tmp_path):
                                   show_progress=False)
     tk.train_from_iterator(prompts[::2], trainer)
     tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tk.add_tokens(["<think>"])  # an added token that is not special, as Qwen3's
     tk.save(str(tmp_path / "tokenizer.json"))
     enc = interop.load_hf_tokenizer(str(tmp_path))
-    text = prompts + ["cafe\u0301 = 'naïve'  # é, NFC\n"]  # a combining accent: NFC changes it
+    text = prompts + ["cafe\u0301 = 'naïve'  # é, NFC\n",  # a combining accent: NFC changes it
+                      "<|im_start|>user\n<think>x = 1</think><|im_end|>"]  # added tokens: matched
     assert all(enc.encode_ordinary(t) == tk.encode(t).ids for t in text)
     assert enc.encode("<|im_start|>x<|im_end|>", allowed_special="all") == \
         tk.encode("<|im_start|>x<|im_end|>").ids
@@ -178,11 +180,23 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
     for change, message in [({"architectures": ["LlamaForCausalLM"]}, "this loads Qwen3ForCausalLM"),
                             ({"num_hidden_layers": 2}, r"1 tensors unexpected|tensors unexpected"),
                             ({"num_hidden_layers": 4}, "tensors missing"),
-                            ({"intermediate_size": 80}, "of the wrong shape, e.g. model.layers.0.mlp")]:
+                            ({"intermediate_size": 80}, "of the wrong shape or dtype, e.g. model.layers.0.mlp"),
+                            ({"use_sliding_window": True}, "sliding windows"),
+                            ({"layer_types": ["sliding_attention"] * 3}, "sliding windows"),
+                            ({"partial_rotary_factor": 0.5}, "partial RoPE")]:
         json.dump({**good, **change}, open(cfg_path, "w"))
         with pytest.raises(ValueError, match=message):
             load_target(folder)
     json.dump(good, open(cfg_path, "w"))
+    from safetensors.torch import load_file, save_file
+    weights = os.path.join(folder, "model.safetensors")
+    sd = load_file(weights)
+    save_file({**sd, "model.norm.weight": sd["model.norm.weight"].to(torch.int8)}, weights + ".q")
+    os.replace(weights, weights + ".good")
+    os.replace(weights + ".q", weights)
+    with pytest.raises(ValueError, match=r"wrong shape or dtype, e.g. model.norm.weight \(64,\) torch.int8"):
+        load_target(folder)  # was cast to float silently
+    os.replace(weights + ".good", weights)
     target = load_target(folder)
     hf_export.save_zlab_dflash(random_dflash(target), str(tmp_path / "dflash"))
     dpath = tmp_path / "dflash" / "config.json"
