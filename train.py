@@ -101,7 +101,8 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
                   "starts afresh, so this continues its weights, not its run")
         print(f"resuming {ck_path} at step {step}")
     budget, run_file = args.minutes * 60, os.path.splitext(out_path)[0] + ".run.pt"
-    t_start, t_saved, text = time.time() - elapsed, time.time(), lambda: "no step was left"
+    t_start, t_saved = time.time() - elapsed, time.time()
+    text = lambda: "no step left: raise --minutes or --max-steps to go on"  # a finished run
 
     def save(path):  # never a diverged model (an --lr too high): the last save stays as it was
         if not all(bool(p.isfinite().all()) for p in params):

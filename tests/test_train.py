@@ -94,7 +94,7 @@ def test_a_killed_run_resumes_from_its_last_save(tmp_path, monkeypatch, capsys, 
         train.main(tiny_run(tmp_path, *flags))
     capsys.readouterr()
     train.main(tiny_run(tmp_path, *flags, "--resume", run_file))
-    assert "| no step was left |" in capsys.readouterr().out  # it said "nan"
+    assert "| no step left: raise --minutes or --max-steps to go on |" in capsys.readouterr().out
     assert load_checkpoint(out)["step"] == 12 and not os.path.exists(run_file)
 
 
