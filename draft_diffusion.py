@@ -54,12 +54,14 @@ GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 def feature_layers(n_layer, n_features):
-    """n target layers spread evenly over depth, from the first block to the last (a single
-    feature is the last block's output)."""
-    n_features = min(n_features, n_layer)
+    """n target layers spread evenly over depth, from the first block to the one below the last
+    (z-lab and SGLang never read the last: transformers gives it after the final norm, SGLang not
+    at all; leaving it out cost nothing here: docs/experiments.md, "The last block's features")."""
+    top = max(n_layer - 1, 1)
+    n_features = min(n_features, top)
     if n_features == 1:
-        return (n_layer,)
-    step = (n_layer - 1) / max(n_features - 1, 1)
+        return (top,)
+    step = (top - 1) / max(n_features - 1, 1)
     return tuple(sorted({round(1 + i * step) for i in range(n_features)}))
 
 

@@ -100,7 +100,7 @@ def check_block_size(args):
 
 def model_config(args):
     """A fresh drafter's constructor arguments, from the flags (a resumed one takes its file's).
-    DFlash reads 5 target layers spread over depth (feature_layers), all of a shallower one."""
+    DFlash reads 5 target layers spread below the last (feature_layers), all of a shallower one."""
     return {"mtp": dict(depth=args.mtp_depth), "eagle": dict(ttt_steps=args.ttt_steps),
             "dflash": dict(n_layer=args.dflash_layers, block_size=args.block_size,
                            anchors=args.anchors, gamma=args.loss_decay)}[args.method]

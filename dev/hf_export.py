@@ -11,7 +11,8 @@ folders back (checkpoint.load_target, load_drafter("dflash", ...)); writing them
 NOTE: a drafter that reads the target's last block (the committed one does) exports with a
 warning: our feature there is the block's output before the final norm, as vLLM's DFlash reads
 it, but transformers' hidden_states (z-lab's reference code) give it after the norm and SGLang
-does not capture that layer at all, so there it would accept less or fail to load.
+does not capture that layer at all, so there it would accept less or fail to load. Drafters
+trained now leave that block out (draft_diffusion.feature_layers).
 """
 
 import argparse

@@ -34,12 +34,14 @@ def feats_of(target, df, tokens):
 
 
 def test_feature_layers_spread():
-    """Layer i of n is round(1 + i (n_layer - 1) / (n - 1)), rounded to the nearest (not down)."""
-    assert feature_layers(6, 5) == (1, 2, 4, 5, 6)       # 1, 2.25, 3.5, 4.75, 6
-    assert feature_layers(36, 5) == (1, 10, 18, 27, 36)  # 1, 9.75, 18.5 (ties to even), 27.25, 36
-    assert feature_layers(6, 2) == (1, 6)
-    assert feature_layers(6, 1) == (6,)                  # a single feature is the last block's
-    assert feature_layers(2, 5) == (1, 2)                # no more features than layers
+    """Layer i of n is round(1 + i (top - 1) / (n - 1)), top = n_layer - 1 (never the last
+    block: z-lab's and SGLang's layer ids stop below it), rounded to the nearest (not down)."""
+    assert feature_layers(6, 5) == (1, 2, 3, 4, 5)
+    assert feature_layers(36, 5) == (1, 10, 18, 26, 35)  # 1, 9.5, 18, 26.5 (ties to even), 35
+    assert feature_layers(6, 2) == (1, 5)
+    assert feature_layers(6, 1) == (5,)                  # a single feature: the block below the last
+    assert feature_layers(3, 5) == (1, 2)                # no more features than layers below the last
+    assert feature_layers(1, 5) == (1,)                  # a one-block target: its only block
 
 
 @torch.no_grad()

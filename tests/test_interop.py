@@ -332,12 +332,13 @@ def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
 def test_the_export_warns_of_a_last_layer_feature_and_refuses_a_file(tmp_path, capsys):
     folder, _ = hf_qwen3(tmp_path)
     target = load_target(folder)
-    df = random_dflash(target)  # 2 features of 3 layers: (1, 3), the last one among them
+    df = random_dflash(target, hidden_layers=(1, 3))  # as the committed drafter, the last block
     save_checkpoint(str(tmp_path / "dflash.pt"), dict(
         kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
         target_hash=weights_hash(target.cfg, target.state_dict())))
     hf_export.main([str(tmp_path / "out"), "--target", folder, "--weights", str(tmp_path)])
     assert "warning: this drafter reads the target's last block (3)" in capsys.readouterr().out
+    assert hf_export.last_layer_warning(random_dflash(target)) is None  # (1, 2): drafters now
     open(tmp_path / "file", "w").close()
     with pytest.raises(SystemExit, match="file is a file; name a folder"):
         hf_export.main([str(tmp_path / "file"), "--target", folder, "--weights", str(tmp_path)])

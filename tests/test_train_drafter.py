@@ -388,7 +388,7 @@ def test_unset_flags_take_the_method_recipe_and_given_flags_win():
 def test_model_flags_reach_each_drafter_model():
     """--block-size, --dflash-layers, --anchors, --loss-decay, --ttt-steps and --mtp-depth shape
     the models (every other test leaves them at their defaults). DFlash reads 5 target layers,
-    every layer of a shallower target."""
+    every layer below the last of a shallower target."""
     def make(method, *flags, n_layer=6):
         cfg = Config(vocab_size=64, **{**PRESETS["tiny"], "n_layer": n_layer})
         args = parse(method, *flags)
@@ -398,7 +398,7 @@ def test_model_flags_reach_each_drafter_model():
     want = dict(n_layer=1, n_features=5, block_size=8, anchors=5, gamma=2.0, mask_id=63)
     assert {k: df.config_dict()[k] for k in want} == want
     assert len(df.hidden_layers) == 5 and len(df.layers) == 1
-    assert make("dflash", n_layer=3).hidden_layers == (1, 2, 3)
+    assert make("dflash", n_layer=3).hidden_layers == (1, 2)
     assert make("eagle", "--ttt-steps", "3").ttt_steps == 3
     assert make("mtp", "--mtp-depth", "2").config_dict() == {"depth": 2}
 
