@@ -17,7 +17,7 @@ import torch
 
 import data
 import interop
-from draft_diffusion import DFlash, DFlashDrafter
+from draft_diffusion import DFlash, DFlashDrafter, feature_layers
 from draft_eagle import Eagle, EagleDrafter
 from draft_simple import ModelDrafter, NgramDrafter
 from model import Config, Transformer
@@ -141,6 +141,9 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
                              f"({th}); retrain it with train_drafter.py --method {method}")
+        if method == "dflash" and "hidden_layers" not in ck["config"]:  # saved before they were:
+            ck["config"]["hidden_layers"] = feature_layers(  # the rule then, the last block's too
+                target.cfg.n_layer + 1, ck["config"].get("n_features", 5))
         model, sd = FEATURE_DRAFTERS[method](target.cfg, **ck["config"]), ck["state_dict"]
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     model.to(target.head.weight).eval()  # the target's device and dtype

@@ -217,6 +217,26 @@ def test_each_committed_drafter_was_trained_for_the_committed_target():
     assert load_target(os.path.join(W, "draft.pt")).cfg.vocab_size == target.cfg.vocab_size
 
 
+def test_a_dflash_saved_without_its_layers_reads_the_layers_it_was_trained_on():
+    """The committed DFlash was saved before checkpoints named their target layers, under the
+    rule then (spread up to the last block): it must load with (1, 2, 4, 5, 6), not today's
+    default (1, 2, 3, 4, 5), which drafts token-identically and only a little worse (tau 4.27
+    against 4.36 on the cases below: no floor would see it). feature_layers(n + 1, k) is that
+    rule for every size."""
+    from draft_diffusion import feature_layers
+
+    def rule_then(n_layer, n):
+        n = min(n, n_layer)
+        step = (n_layer - 1) / max(n - 1, 1)
+        return (n_layer,) if n == 1 else tuple(sorted({round(1 + i * step) for i in range(n)}))
+    assert all(feature_layers(L + 1, k) == rule_then(L, k) for L in range(1, 41) for k in range(1, 9))
+    if not os.path.exists(os.path.join(W, "target.pt")):
+        pytest.skip("no committed weights/cpu")
+    assert "hidden_layers" not in load_checkpoint(os.path.join(W, "dflash.pt"))["config"]
+    target = load_target(os.path.join(W, "target.pt"))
+    assert checkpoint.load_drafter("dflash", target, W).hidden_layers == (1, 2, 4, 5, 6)
+
+
 @pytest.fixture(scope="module")
 def setup():
     if not os.path.exists(os.path.join(W, "target.pt")):
