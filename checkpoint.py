@@ -69,6 +69,15 @@ def load_checkpoint(path, kind=None):
     return ckpt
 
 
+def saved_config(ck, cfg):
+    """A drafter checkpoint's constructor arguments for target config cfg. A DFlash saved before
+    checkpoints named their target layers gets the rule it was trained by (up to the last)."""
+    if ck.get("kind") == "dflash" and "hidden_layers" not in ck["config"]:
+        n = ck["config"].get("n_features", 5)
+        return {**ck["config"], "hidden_layers": feature_layers(cfg.n_layer + 1, n)}
+    return ck["config"]
+
+
 def get_device(name=None):
     """--device NAME -> torch.device; None picks cuda when there is one."""
     try:
@@ -141,10 +150,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
                              f"({th}); retrain it with train_drafter.py --method {method}")
-        if method == "dflash" and "hidden_layers" not in ck["config"]:  # saved before they were:
-            ck["config"]["hidden_layers"] = feature_layers(  # the rule then, the last block's too
-                target.cfg.n_layer + 1, ck["config"].get("n_features", 5))
-        model, sd = FEATURE_DRAFTERS[method](target.cfg, **ck["config"]), ck["state_dict"]
+        model, sd = FEATURE_DRAFTERS[method](target.cfg, **saved_config(ck, target.cfg)), \
+            ck["state_dict"]
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     model.to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())

@@ -66,12 +66,12 @@ def read_config(folder, architecture):
         c = json.load(f)
     if architecture not in (c.get("architectures") or []):
         raise ValueError(f"{path}: this loads {architecture}, not {c.get('architectures')}")
+    rope = c.get("rope_parameters") or {}  # transformers 5's home of RoPE's settings
     swa = c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or [])
     if (c.get("attention_bias") or c.get("hidden_act", "silu") != "silu" or swa
-            or c.get("partial_rotary_factor", 1) != 1):
+            or rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1)) != 1):
         raise ValueError(f"{path}: attention biases, sliding windows, partial RoPE or an "
                          f"activation other than silu are not supported")
-    rope = c.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
         raise ValueError(f"RoPE scaling {rope or c.get('rope_scaling')} is not supported")
     fields = {**c, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),

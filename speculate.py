@@ -123,6 +123,8 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
         n_acc = torch.cumprod(ok.long(), dim=1).sum(1)           # length of the accepted prefix
         # first mismatch i: the target's own token argmax p_i; all accepted: bonus argmax p_{K+1}
         return n_acc, best.gather(1, n_acc[:, None])[:, 0]
+    if uniforms.dtype != torch.float64:  # as the kernel: float32's grid is off p (above)
+        raise ValueError(f"accept_scan: uniforms must be float64, got {uniforms.dtype}")
     p = p.float()
     has = drafts >= 0                                            # (B, K): not an empty slot
     d = drafts.clamp(min=0)                                      # in range for the gathers

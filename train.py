@@ -96,7 +96,7 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
         model.load_state_dict(ck["state_dict"])
         if "optimizer" in ck:
             opt.load_state_dict(ck["optimizer"])
-        else:  # checkpoint.py's export drops it
+        else:  # dev/export_weights.py drops it
             print(f"NOTE: {ck_path} holds no optimizer state (an exported checkpoint): AdamW "
                   "starts afresh, so this continues its weights, not its run")
         print(f"resuming {ck_path} at step {step}")

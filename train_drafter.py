@@ -25,7 +25,8 @@ import torch
 
 import data
 import speculate
-from checkpoint import get_device, load_target, load_tokenizer, save_checkpoint, weights_hash
+from checkpoint import (get_device, load_target, load_tokenizer, save_checkpoint, saved_config,
+                        weights_hash)
 from data import DefaultsHelp, check_writable
 from draft_diffusion import DFlash
 from draft_eagle import Eagle
@@ -156,7 +157,7 @@ def main(args):
     train, val = (x.to(device) for x in get_distill_data(target, args, th, hf_enc))  # (N, T) ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
 
-    config = ck["config"] if ck else model_config(args)
+    config = saved_config(ck, target.cfg) if ck else model_config(args)
     model = MODELS[args.method](target.cfg, **config).to(device)
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "

@@ -235,6 +235,9 @@ def test_a_dflash_saved_without_its_layers_reads_the_layers_it_was_trained_on():
     assert "hidden_layers" not in load_checkpoint(os.path.join(W, "dflash.pt"))["config"]
     target = load_target(os.path.join(W, "target.pt"))
     assert checkpoint.load_drafter("dflash", target, W).hidden_layers == (1, 2, 4, 5, 6)
+    # and train_drafter.py --resume takes its constructor arguments the same way
+    ck = load_checkpoint(os.path.join(W, "dflash.pt"))
+    assert tuple(checkpoint.saved_config(ck, target.cfg)["hidden_layers"]) == (1, 2, 4, 5, 6)
 
 
 @pytest.fixture(scope="module")

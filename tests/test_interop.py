@@ -183,7 +183,9 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
                             ({"intermediate_size": 80}, "of the wrong shape or dtype, e.g. model.layers.0.mlp"),
                             ({"use_sliding_window": True}, "sliding windows"),
                             ({"layer_types": ["sliding_attention"] * 3}, "sliding windows"),
-                            ({"partial_rotary_factor": 0.5}, "partial RoPE")]:
+                            ({"partial_rotary_factor": 0.5}, "partial RoPE"),
+                            ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                  "partial_rotary_factor": 0.5}}, "partial RoPE")]:
         json.dump({**good, **change}, open(cfg_path, "w"))
         with pytest.raises(ValueError, match=message):
             load_target(folder)

@@ -491,6 +491,28 @@ def test_accept_scan_emulated_kernel_draws_tokens_lighter_than_float32s_grid(emu
     assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [511]]
 
 
+def test_accept_scan_emulated_kernel_keeps_every_bit_of_the_uniforms(emu):
+    """Catches a uniform rounded to float32 on its way (in the kernel's inverse CDF or ratio
+    test, or the reference's): u between two float32 values picks token 512 of the 2^-30 ones
+    above (float32's u lands 30-odd tokens away), and u a hair under p(d) = 0.5 + 2^-24 accepts
+    the draft (float32's u rounds up to p(d), a tie: rejected)."""
+    p = torch.zeros(1, 2, 1024)
+    p[0, 0, 3], p[0, 1], p[0, 1, 0] = 1.0, 2.0 ** -30, 0.5    # as in the test above
+    total = 0.5 + 1023 * 2.0 ** -30
+    u = torch.tensor([[0.5, (0.5 + 511.5 * 2.0 ** -30) / total]], dtype=torch.float64)
+    drafts = torch.tensor([[3]])
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [512]]
+    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [512]]
+    p = torch.zeros(1, 2, 4)
+    p[0, 0, 0], p[0, 0, 1], p[0, 1, 2] = 0.5 - 2.0 ** -24, 0.5 + 2.0 ** -24, 1.0
+    u = torch.tensor([[0.5 + 2.0 ** -24 - 2.0 ** -40, 0.5]], dtype=torch.float64)
+    drafts = torch.tensor([[1]])                  # argmax drafts: q(d) = 1, so u < p(d) accepts
+    assert [t.tolist() for t in emu.accept_scan(p, drafts, None, u, 1)] == [[1], [2]]
+    assert [t.tolist() for t in accept_scan_ref(p, drafts, None, u)] == [[1], [2]]
+    with pytest.raises(ValueError, match="uniforms must be float64"):  # as the kernel refuses
+        accept_scan_ref(p, drafts, None, u.float())
+
+
 def test_accept_scan_emulated_kernel_sums_the_total_in_double(emu):
     """Catches pass 1 (the total) accumulated per thread in float32: thread 0 holds token 0
     (0.5) and tokens 512, 1024, ... 3584 (2^-26 each), which a float32 partial of 0.5 drops. In

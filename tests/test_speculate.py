@@ -36,6 +36,8 @@ from model import Config, PRESETS, Transformer, generate as naive_generate, logi
 from speculate import NO_DRAFT, accept_scan_ref
 from test_model import save_tiny, tiny_model
 
+F64 = torch.float64  # the dtype of the acceptance rule's uniforms (accept_scan refuses others)
+
 V = 97  # tiny_model's vocabulary
 
 
@@ -461,7 +463,7 @@ def one_hot(i, V=4):
 def test_accept_all_then_bonus_from_last_p():
     p = torch.tensor([[[0.1, 0.6, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.0, 0.0, 0.0, 1.0]]])  # (1, K+1=3, 4)
     drafts = torch.tensor([[1, 2]])
-    n, nxt = accept_scan_ref(p, drafts, p[:, :2].clone(), torch.tensor([[0.99, 0.99, 0.5]]))
+    n, nxt = accept_scan_ref(p, drafts, p[:, :2].clone(), torch.tensor([[0.99, 0.99, 0.5]], dtype=F64))
     assert n.tolist() == [2] and nxt.tolist() == [3]  # q = p: ratio 1 > u; bonus from p_3
     # greedy: drafts equal the argmax of each p_i -> all accepted, bonus = argmax p_{K+1}
     n, nxt = accept_scan_ref(torch.tensor([[[0., 5., 1., 0.], [0., 0., 9., 1.], [2., 0., 0., 1.]]]),
@@ -477,7 +479,7 @@ def test_bonus_ignores_q_when_every_draft_is_accepted():
     drafts = torch.tensor([[1, 2]])
     picks = Counter()
     for i in range(64):  # inverse CDF over a grid of u: each token of a uniform p_3 gets 16
-        n, nxt = accept_scan_ref(p, drafts, q, torch.tensor([[0.0, 0.0, (i + 0.5) / 64]]))
+        n, nxt = accept_scan_ref(p, drafts, q, torch.tensor([[0.0, 0.0, (i + 0.5) / 64]], dtype=F64))
         assert n.tolist() == [2]
         picks[int(nxt)] += 1
     assert picks == {0: 16, 1: 16, 2: 16, 3: 16}
@@ -490,7 +492,7 @@ def test_first_rejected_samples_the_residual():
     drafts = torch.tensor([[0]])
     # residual max(0, p - q) = [0, 0.1, 0.4] -> [0, 0.2, 0.8]: inverse CDF over a grid of u
     M = 1000
-    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1)  # (M, 2)
+    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1).double()  # (M, 2)
     n, nxt = accept_scan_ref(p.expand(M, -1, -1), drafts.expand(M, -1), q.expand(M, -1, -1), u)
     assert (n == 0).all()
     assert torch.bincount(nxt, minlength=3).tolist() == [0, 200, 800]
@@ -503,7 +505,7 @@ def test_the_residual_uses_the_rejected_position_after_an_accepted_draft():
     """d_1 accepted, d_2 rejected: the emitted token comes from max(0, p_2 - q_2), with q_2
     (not q_1) and, for argmax drafts, d_2 (not d_1) removed."""
     M = 1000
-    u = torch.stack([torch.zeros(M), torch.full((M,), 0.99), (torch.arange(M) + 0.5) / M], 1)  # (M, 3)
+    u = torch.stack([torch.zeros(M), torch.full((M,), 0.99), (torch.arange(M) + 0.5) / M], 1).double()
     p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.1, 0.4, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]]])
     q = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.6, 0.3, 0.1, 0.0]]])  # q_1 != q_2
     n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 2, dtype=torch.long), q.expand(M, -1, -1), u)
@@ -521,7 +523,7 @@ def test_a_draft_the_target_never_samples_is_rejected_even_at_u_zero():
     draft with p(d) = 0 (a `<=` would accept a token the target can never produce)."""
     p = torch.tensor([[[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]]])
     q = torch.tensor([[[0.5, 0.5, 0.0]]])
-    n, nxt = accept_scan_ref(p, torch.tensor([[0]]), q, torch.zeros(1, 2))
+    n, nxt = accept_scan_ref(p, torch.tensor([[0]]), q, torch.zeros(1, 2, dtype=F64))
     assert n.tolist() == [0] and nxt.tolist() == [2]  # the residual max(0, p - q) = [0, 0, .5]
 
 
@@ -531,7 +533,7 @@ def test_an_empty_residual_falls_back_to_p():
     inverse CDF (which would land on the last token, of probability 0)."""
     p = torch.tensor([[[0.0, 0.3, 0.7, 0.0], [0.25, 0.25, 0.25, 0.25]]])
     M = 1000
-    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1)
+    u = torch.stack([torch.full((M,), 0.5), (torch.arange(M) + 0.5) / M], 1).double()
     n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 1, dtype=torch.long), p[:, :1].expand(M, -1, -1), u)
     assert (n == 0).all()
     assert torch.bincount(nxt, minlength=4).tolist() == [0, 300, 700, 0]
@@ -542,7 +544,7 @@ def test_residual_excludes_the_rejected_argmax_draft():
     # residual is p with d removed, so d can never be emitted
     p = torch.tensor([[[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]]])
     M = 1000
-    u = torch.stack([torch.full((M,), 0.9), (torch.arange(M) + 0.5) / M], 1)
+    u = torch.stack([torch.full((M,), 0.9), (torch.arange(M) + 0.5) / M], 1).double()
     n, nxt = accept_scan_ref(p.expand(M, -1, -1), torch.zeros(M, 1, dtype=torch.long), None, u)
     assert (n == 0).all()  # 0.9 * 1 < 0.5 fails
     assert torch.bincount(nxt, minlength=4).tolist() == [0, 600, 400, 0]
@@ -558,7 +560,7 @@ def test_p_equal_q_accepts_every_draft():
     p = torch.softmax(3 * torch.randn(B, K + 1, V, generator=g), -1)
     q = p[:, :K].clone()
     drafts = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, K)
-    n, _ = accept_scan_ref(p, drafts, q, torch.rand(B, K + 1, generator=g))
+    n, _ = accept_scan_ref(p, drafts, q, torch.rand(B, K + 1, generator=g, dtype=F64))
     assert (n == K).all()
 
 
@@ -571,7 +573,7 @@ def test_one_step_output_distribution_is_p():
     q = torch.tensor([0.05, 0.4, 0.1, 0.05, 0.2, 0.2])
     drafts = torch.multinomial(q, N, replacement=True, generator=g)[:, None]  # (N, 1)
     P = torch.stack([p, p])[None].expand(N, 2, V)
-    n, nxt = accept_scan_ref(P, drafts, q[None, None].expand(N, 1, V), torch.rand(N, 2, generator=g))
+    n, nxt = accept_scan_ref(P, drafts, q[None, None].expand(N, 1, V), torch.rand(N, 2, generator=g, dtype=F64))
     emitted = torch.where(n == 1, drafts[:, 0], nxt)  # the first new token of the row
     freq = torch.bincount(emitted, minlength=V).double() / N
     assert (freq - p.double()).abs().max() < 0.005  # 4 sigma at N = 200k is ~0.004
@@ -592,7 +594,7 @@ def test_k_zero_is_plain_decoding():
     # sampling: inverse CDF of p over a grid of u reproduces p exactly
     p = torch.tensor([0.2, 0.0, 0.5, 0.3])
     M = 1000
-    u = ((torch.arange(M) + 0.5) / M)[:, None]
+    u = ((torch.arange(M, dtype=F64) + 0.5) / M)[:, None]
     n, nxt = accept_scan_ref(p[None, None].expand(M, 1, 4), torch.zeros(M, 0, dtype=torch.long), None, u)
     assert (n == 0).all()
     assert torch.bincount(nxt, minlength=4).tolist() == [200, 0, 500, 300]
@@ -629,7 +631,7 @@ def test_accept_scan_dispatches_to_the_reference_on_cpu(monkeypatch):
     p = torch.softmax(torch.randn(3, 5, 11, generator=g), -1)
     q = torch.softmax(torch.randn(3, 4, 11, generator=g), -1)
     d = torch.randint(0, 11, (3, 4), generator=g)
-    u = torch.rand(3, 5, generator=g)
+    u = torch.rand(3, 5, generator=g, dtype=F64)
     for args in [(p, d, q, u), (p, d, None, u), (p, d)]:
         a, b = speculate.accept_scan(*args), accept_scan_ref(*args)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
