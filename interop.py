@@ -100,7 +100,8 @@ def load_renamed(module, sd, names, where):
                         ("of the wrong shape or dtype", bad)):
         if items:
             raise ValueError(f"{where}: {len(items)} tensors {what}, e.g. {', '.join(items[:3])}")
-    module.load_state_dict({k: sd[theirs].float() for k, theirs in names.items()}, strict=False)
+    # copied into the module's own (fp32) tensors one by one: no float copy of them all at once
+    module.load_state_dict({k: sd[theirs] for k, theirs in names.items()}, strict=False)
 
 
 # the target: Qwen3ForCausalLM
