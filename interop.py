@@ -188,7 +188,9 @@ def load_zlab_dflash(folder, target):
     c, fields = read_config(folder, "DFlashDraftModel")
     tc, dc, L = target.cfg, c.get("dflash_config") or {}, target.cfg.n_layer
     layer_cfg = Config(**{**fields, "vocab_size": tc.vocab_size})
-    ids, n = dc.get("target_layer_ids"), c.get("num_target_layers", L)  # in order, as ours
+    n, d = c.get("num_target_layers", L), c.get("num_hidden_layers")  # without ids: z-lab's rule
+    ids = dc.get("target_layer_ids") or ([n // 2] if d == 1 else  # (ours must come in order)
+                                         [round(1 + i * (n - 4) / (d - 1)) for i in range(d)])
     if n != L or not ids or ids != sorted(set(ids)) or not 0 <= ids[0] <= ids[-1] < L:
         raise ValueError(f"{folder}: target_layer_ids {ids} of {n} do not fit a target of {L}")
     shape, mask = lambda c: (c.n_embd, c.head_dim, c.rope_theta), dc.get("mask_token_id")

@@ -212,6 +212,18 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
         json.dump({**dgood, **change}, open(dpath, "w"))
         with pytest.raises(ValueError, match=message):
             load_drafter("dflash", target, str(tmp_path / "dflash"))
+    # no target_layer_ids: z-lab's rule (1 to L - 3 over the drafter's layers; one: L // 2)
+    without = {k: v for k, v in dc.items() if k != "target_layer_ids"}
+    json.dump({**dgood, "dflash_config": without}, open(dpath, "w"))  # 2 layers of 3: [1, 0]
+    with pytest.raises(ValueError, match=r"target_layer_ids \[1, 0\] of 3 do not fit"):
+        load_drafter("dflash", target, str(tmp_path / "dflash"))
+    one = str(tmp_path / "one")
+    hf_export.save_zlab_dflash(DFlash(target.cfg, n_layer=1, block_size=6, mask_id=V - 1,
+                                      hidden_layers=[2]), one)
+    c1 = json.load(open(os.path.join(one, "config.json")))
+    c1["dflash_config"].pop("target_layer_ids")
+    json.dump(c1, open(os.path.join(one, "config.json"), "w"))
+    assert load_drafter("dflash", target, one).hidden_layers == (2,)  # id 3 // 2 = 1: our 2
     # SGLang reads dflash_config's block_size first; z-lab's newer drafters keep it only there
     json.dump({**dgood, "block_size": 16, "dflash_config": {**dc, "block_size": 6}}, open(dpath, "w"))
     assert load_drafter("dflash", target, str(tmp_path / "dflash")).dflash.block_size == 6
