@@ -232,16 +232,18 @@ def logits_to_probs(logits, temperature=1.0, top_k=None):
     return torch.softmax(logits, dim=-1)
 
 
-def draw(probs, generator=None):
+def draw(probs, generator=None, u=None):
     """One draw per row of probs (..., V) -> (...), by inverse CDF: the first token whose running
-    sum exceeds u * total, u uniform. In float64: exact to ~1e-16 per token even at V = 151,936
-    (float32's steps of u would be ~1e-3 off). A zero-probability token leaves the sum flat, so
-    it is never drawn (a GPU's parallel cumsum may round there by ~1e-16). A row with no mass
-    gives V, which the next embedding lookup rejects. torch.multinomial draws the same
-    distribution, slower (1.5-1.9 ms more a DFlash pass on a CPU: docs/experiments.md)."""
+    sum exceeds u * total, u uniform (or given: float64 (..., 1), the acceptance scan's). In
+    float64: exact to ~1e-16 per token even at V = 151,936 (float32's steps of u would be ~1e-3
+    off). A zero-probability token leaves the sum flat, so it is never drawn (a GPU's parallel
+    cumsum may round there by ~1e-16). A row with no mass gives V, which the next embedding
+    lookup rejects. torch.multinomial draws the same distribution, slower (1.5-1.9 ms more a
+    DFlash pass on a CPU: docs/experiments.md)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
-    u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
+    if u is None:
+        u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
     x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up
     return torch.searchsorted(cdf, x, right=True)[..., 0]
 

@@ -152,12 +152,8 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
     total = r.sum(-1, keepdim=True)
     r = torch.where(total > 0, r, p_n)
-    # inverse CDF: the first index whose running sum exceeds u * total (zero-mass tokens can
-    # never be that index, because their running sum equals the previous one)
-    cdf = r.double().cumsum(-1)
-    total = cdf[:, -1:]  # u * total may round up to total: then the last token with mass
-    u = torch.minimum(uniforms[:, K:K1] * total, total.nextafter(torch.zeros_like(total)))
-    nxt = torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=V - 1)
+    # inverse CDF in float64, as plain decoding draws (no mass at all: V - 1, as the kernel)
+    nxt = draw(r, u=uniforms[:, K:K1]).clamp(max=V - 1)
     return n_acc, nxt
 
 
