@@ -29,6 +29,7 @@ import dflash_kernels as kernels
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
                         load_target, load_tokenizer)
 from speculate import generate
+from train import check_args as check_flags
 
 REPEAT_WARN = 0.15  # a target repeating more of its 8-grams loops (real code: ~2 %, DESIGN sec. 2)
 repeat8 = lambda outs: sum(data.repeated_ngram_fraction(o, 8) for o in outs) / len(outs)
@@ -245,16 +246,11 @@ def check_args(args):
         die(f"--temperatures must be a comma list of numbers ({e})")
     if not all(0 <= t < float("inf") for t in temps):  # NaN too
         die(f"--temperatures must be >= 0 and finite, got {args.temperatures}")
-    a = args
-    for flag, value, low in [
-            ("--batch-size", a.batch_size, 1), ("--repeats", a.repeats, 1), ("--K", a.K, 1),
-            ("--block-size", a.block_size, 2), ("--max-new-tokens", a.max_new_tokens, 1),
-            ("--n-prompts", a.n_prompts, 1), ("--mtp-draft", a.mtp_draft, 1),
-            ("--threads", a.threads, 0), ("--tree", a.tree_nodes, 1)]:
-        if value is not None and value < low:  # None: unset, the drafter's own
+    # --batch-size and --threads (0..cores) as the trainers check them; None: the drafter's own
+    checked(check_flags, args, ["repeats", "K", "max_new_tokens", "n_prompts", "mtp_draft"])
+    for flag, value, low in [("--block-size", args.block_size, 2), ("--tree", args.tree_nodes, 1)]:
+        if value is not None and value < low:
             die(f"{flag} must be >= {low}, got {value}")
-    if args.threads > (os.cpu_count() or 1):  # more only slows the timings (far more crashed)
-        die(f"--threads must be <= the {os.cpu_count()} cores, got {args.threads}")
     if args.weights and os.path.isfile(args.weights):
         die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
     listed = ",".join(METHODS) if args.methods is None else args.methods  # default: all
