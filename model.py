@@ -41,11 +41,14 @@ class Config:  # defaults only: sizes come from PRESETS below, a checkpoint or a
         self.head_dim = self.head_dim or self.n_embd // self.n_head
 
 
-# `tiny` for tests (seconds), `cpu` for the reference target (weights/cpu; the GPU runs it too).
+# `tiny` for tests (seconds), `cpu` for a target a CPU trains (the committed weights/cpu), `ref`
+# for the one dev/h200_train.sh trains on a GPU to replace it: compute-optimal for ~250M tokens,
+# and still under 5 minutes of CPU bench (docs/experiments.md, "The GPU target's size").
 # vocab_size is filled from the tokenizer at build time.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, max_seq_len=256),
     "cpu": dict(n_layer=6, n_head=4, n_kv_head=2, n_embd=256, mlp_hidden=768, max_seq_len=384),
+    "ref": dict(n_layer=6, n_head=6, n_kv_head=2, n_embd=384, mlp_hidden=1024, max_seq_len=384),
     # the small model of the `draft` method (draft_simple.py): same family, same context
     "cpu-draft": dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, mlp_hidden=384,
                       max_seq_len=384),

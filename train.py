@@ -9,6 +9,7 @@ trains D native multi-token prediction modules (mtp.py), loss weight lambda / D.
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
+    python train.py --preset ref --corpus all --batch-size 256 --lr 3e-3   # a GPU's (h200_train.sh)
     python train.py --preset tiny --minutes 1   # smoke test
 """
 
@@ -27,7 +28,7 @@ from data import DefaultsHelp, check_writable
 from model import PRESETS, Config, Transformer
 from mtp import MTP
 
-DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "cpu-draft": 3.0}
+DEFAULT_MINUTES = {"tiny": 1.0, "cpu": 8.0, "ref": 4.2, "cpu-draft": 3.0}
 WEIGHT_DECAY, MTP_LAMBDA = 0.1, 0.3  # AdamW's on matrices only; native MTP's loss weight (/ D)
 
 

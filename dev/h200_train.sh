@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52, item 2, in one device call (at most 600 s): the broad corpus built on the H200
-# machine, the reference target trained there (the `cpu` preset, 6.82M params, so that it
-# replaces weights/cpu), the draft model, the MTP, EAGLE and DFlash drafters distilled from it,
-# their bf16 export and bench.py on the GPU.
+# machine, the reference target trained there (the `ref` preset, 12.6M params, to replace
+# weights/cpu), the draft model, the MTP, EAGLE and DFlash drafters distilled from it and their
+# bf16 export; bench.py on the GPU in a second session (FROM_WEIGHTS), as dev/gpu_check.sh.
 #
 #   bash dev/h200_train.sh [LOG_DIR]     # logs go to LOG_DIR, else $OUT, else out/h200_train
 #   TINY=1 DEVICE=cpu WORK=/tmp/h200 bash dev/h200_train.sh /tmp/h200_log  # every step, tiny
@@ -18,20 +18,20 @@
 # interim target"): at the guessed rate 4.3 minutes on 16,384 are ~20 passes, 2.8 minutes on
 # 65,536 ~3. N_SEQS (default 16,384) sets how many; the distill step's limit grows with it
 # (30 s per 16,384: size it by the first session's measured rate, the `distill (train)` lines
-# of h200_train.txt), and over 16,384 the target's features are computed per step
-# (--features step): all of them would not fit the GPU.
+# of h200_train.txt).
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
-# LOG_DIR gets 5 files (the tool brings back 8 at most, 16 MiB each): h200_train.txt (all that
-# was printed, step by step), corpus_meta.json (the corpus's files, bytes and tokens),
-# bench_h200.json, and weights.tar.part-aa, -ab: the five bf16 checkpoints (~28 MB) split under
-# the tool's limit. Back home, after the CPU bench has been checked (under 5 minutes):
+# LOG_DIR gets 6-7 files (the tool brings back 8 at most, 16 MiB each): h200_train.txt (all
+# that was printed, step by step), corpus_meta.json (the corpus's files, bytes and tokens),
+# bench_h200.json (FROM_WEIGHTS only), and weights.tar.part-aa to -ad: the five bf16
+# checkpoints (~52 MB) split under the tool's limit. Back home, after the CPU bench has been
+# checked (under 5 minutes), with weights/interim removed (weights/ holds 60 MB at most):
 #   cat weights.tar.part-* | tar -x -C weights/cpu
 # The full checkpoints (with their optimizers) and the distilled data stay in WORK (default
 # out/h200) on the machine, which is given back: a later session starts again from the bf16 files.
 #
-# The steps, their limits (570 s in all) and what each should take. NOTHING HERE HAS RUN ON A
+# The steps, their limits (at most 570 s) and what each should take. NOTHING HERE HAS RUN ON A
 # GPU: the times are guesses from the sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
 # 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 204 MB of
@@ -39,31 +39,36 @@
 #    (tiktoken's threads gave nothing), so ~7 MB/s. The H200 image holds more packages (jax,
 #    flax, pandas, scikit-learn, statsmodels, numba, ...): guess 300-400 MB, 95-125M tokens,
 #    45-60 s.
-# 3. target 185 s: the `cpu` preset on the broad corpus, batch 256 x 384 tokens (98k a step),
-#    lr 3e-3 (the CPU run: 8 x 384 at 1.5e-3), bf16 autocast, 2.7 minutes on the clock (the
-#    schedule follows it). Guess: 1.5-3M tokens/s (a model this narrow is bound by memory
-#    traffic and launches, far from the 790 TFLOP/s of big matrix products), so 2,500-4,900
-#    steps and 240-490M tokens; under 1.25M tokens/s it falls short of the issue's 200M, and
+# 3. target 280 s: the `ref` preset (384 wide, 6 blocks; ~20 tokens a parameter at 250M tokens,
+#    and 1.5x the `cpu` preset's pass on the CPU: docs/experiments.md, "The GPU target's size")
+#    on the broad corpus, batch 256 x 384 tokens (98k a step), lr 3e-3 (the CPU run: 8 x 384 at
+#    1.5e-3), bf16 autocast, 4.2 minutes on the clock (the schedule follows it). Guess: 0.8-1.6M
+#    tokens/s (a model this narrow is bound by memory traffic and launches, far from the
+#    790 TFLOP/s of big matrix products; ~1.85x the `cpu` preset's FLOPs), so 2,000-4,100 steps
+#    and 200-400M tokens; under 0.8M tokens/s it falls short of the issue's 200M, and
 #    torch.compile is the next thing to try. A save every minute: cut off, it still has weights.
 # 4. distill 70 s, two runs side by side: the distillation (16,384 + 256 windows of 64 tokens
 #    from the broad corpus, each continued by 192 tokens of the target, in batches of 2,048,
 #    greedy and T = 1 in turn; guess 5-10 ms a decode step, 15-30 s), and the draft model
 #    (`cpu-draft`, 1.44M params, 0.8 minutes). N_SEQS=65,536 gives it 160 s.
 # 5. drafters 110 s (DRAFTER_MINUTES x 60 + 32), three runs side by side, 1.3 minutes of
-#    training each after ~10 s of start-up (the target's features of all sequences). Each
-#    step is bound by launches and ends in a host sync: guess 15-30 ms a step for DFlash
+#    training each after a few seconds of start-up. Each step (the target's pass over the
+#    batch for its features, then the drafter's) is bound by launches and ends in a host
+#    sync: guess 15-30 ms a step for DFlash
 #    (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for MTP (16), so ~3,000 / ~2,000 /
 #    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up: DFlash
 #    8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns as much per sequence as batch 8:
 #    docs/experiments.md, "Batch 32"), EAGLE 2 -> 16 at 2e-3 -> 6e-3 (6e-3 led 3e-3 over
 #    ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at 2e-3 -> 6e-3 (ahead of 3e-3 over
-#    ~720 CPU steps: "MTP at batch 16"). The features sit on the GPU in fp32: 21 GB for
-#    DFlash (5 layers), 13 for EAGLE, 4 for MTP (38 GB: an H100's 80 hold them too).
+#    ~720 CPU steps: "MTP at batch 16"). The target's features are computed per step
+#    (--features step): all of them at once would take 59 GB in fp32 for the three runs (33 for
+#    DFlash's 5 layers, 20 for EAGLE's 3, 7 for MTP), too near an H100's 80.
 # 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
 #    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
-# 7. bench 95 s: bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at
-#    T = 0 and 1 (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension
-#    built first (~18 s on an H200, dev/gpu_check.sh). gpu_check's same rows took 74 s there.
+# 7. bench 95 s, with FROM_WEIGHTS only (the first session gives its time to the target):
+#    bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at T = 0 and 1
+#    (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension built first
+#    (~18 s on an H200, dev/gpu_check.sh). gpu_check's same rows took 74 s there.
 #    Eager (--no-compile): compiling each method's shapes (the GPU's default) takes ~30 s a
 #    shape on a CPU and would not fit; dev/gpu_check.sh measures the compiled path.
 # Every step runs even if an earlier one failed (each has its limit, so a hang cannot eat the
@@ -84,7 +89,7 @@ TXT=$LOG/h200_train.txt
 : >"$TXT"
 
 # the sizes; TINY=1 appends flags that shrink every step (argparse: the last flag wins)
-TARGET="--preset cpu --corpus all --device $DEV --batch-size 256 --lr 3e-3 --warmup-steps 100"
+TARGET="--preset ref --corpus all --device $DEV --batch-size 256 --lr 3e-3 --warmup-steps 100"
 TARGET="$TARGET --eval-every 250 --eval-batches 8 --save-minutes 1"
 DRAFT="--preset cpu-draft --corpus all --device $DEV --batch-size 256 --lr 3e-3 --minutes 0.8"
 DRAFT="$DRAFT --eval-every 250 --eval-batches 4 --save-minutes 0 --threads 4"
@@ -92,11 +97,10 @@ DRAFT="$DRAFT --eval-every 250 --eval-batches 4 --save-minutes 0 --threads 4"
 NS=${N_SEQS:-16384}
 D="--target $W/target.pt --out-dir $W --device $DEV --corpus all --n-seqs $NS"
 D="$D --n-val-seqs 256 --prompt-len 64 --gen-len 192 --distill-batch 2048 --threads 4"
-FEATURES=$([ "$NS" -gt 16384 ] && echo step || echo once)  # once: 38 GB at 16,384
 DISTILL_S=$((40 + 30 * NS / 16384))  # 70 s at 16,384: a guess, see step 4 above
 DM=${DRAFTER_MINUTES:-1.3}  # each drafter's training; its step's limit adds ~32 s of start-up
 FROM=${FROM_WEIGHTS:-}
-R="--minutes $DM --eval-every 500 --save-minutes 0 --features $FEATURES"
+R="--minutes $DM --eval-every 500 --save-minutes 0 --features step"
 T_TRAIN="" T_DISTILL="" T_RUN="" T_BENCH=""
 if [ "${TINY:-0}" = 1 ]; then  # 30-40 s on a 2-core CPU once out/data-all is built
   T_TRAIN="--max-steps 3 --batch-size 4 --seq-len 64 --eval-every 2 --eval-batches 1 --threads 1"
@@ -183,15 +187,15 @@ step data 85 $PY data.py --corpus all
 if [ -n "$FROM" ]; then  # the folder's target and draft model, as they are
   step target 10 cp "$FROM/target.pt" "$FROM/draft.pt" "$W/"
 else
-  step target 185 $PY train.py $TARGET --minutes 2.7 --out-path $W/target.pt $T_TRAIN
+  step target 280 $PY train.py $TARGET --minutes 4.2 --out-path $W/target.pt $T_TRAIN
 fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
   echo "NOTE: the target run did not finish; the drafters use its last save" | tee -a "$TXT"; }
 # a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt);
-# its features as the drafters' (at 49,152 CPU sequences `once` asked for 56 GB after the cache)
+# its features per step, as the drafters' (`once` would hold every sequence's: see step 5)
 DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 \
---features $FEATURES $T_DISTILL")
+--features step $T_DISTILL")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
@@ -200,8 +204,9 @@ par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
   mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN"
 step export 15 bash -c export_all
-step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt --weights $W/weights \
-  --methods ar,ngram,mtp,eagle,dflash --no-compile --json $LOG/bench_h200.json $T_BENCH
+[ -z "$FROM" ] || step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt \
+  --weights $W/weights --methods ar,ngram,mtp,eagle,dflash --no-compile \
+  --json $LOG/bench_h200.json $T_BENCH
 verdict=$([ $failed -eq 0 ] && echo 'every step passed' || echo 'SOME STEP FAILED')
 echo "h200_train: logs in $LOG; $verdict" | tee -a "$TXT"
 exit $failed
