@@ -53,16 +53,16 @@
 #    (`cpu-draft`, 1.44M params, 0.8 minutes). N_SEQS=65,536 gives it 160 s.
 # 5. drafters 110 s (DRAFTER_MINUTES x 60 + 32), three runs side by side, 1.3 minutes of
 #    training each after a few seconds of start-up. Each step (the target's pass over the
-#    batch for its features, then the drafter's) is bound by launches and ends in a host
-#    sync: guess 15-30 ms a step for DFlash
-#    (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for MTP (16), so ~3,000 / ~2,000 /
-#    ~4,000 steps. Batch and lr are the CPU recipe's (train_drafter.RECIPE) scaled up: DFlash
-#    8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns as much per sequence as batch 8:
-#    docs/experiments.md, "Batch 32"), EAGLE 2 -> 16 at 2e-3 -> 6e-3 (6e-3 led 3e-3 over
-#    ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at 2e-3 -> 6e-3 (ahead of 3e-3 over
-#    ~720 CPU steps: "MTP at batch 16"). The target's features are computed per step
-#    (--features step): all of them at once would take 59 GB in fp32 for the three runs (33 for
-#    DFlash's 5 layers, 20 for EAGLE's 3, 7 for MTP), too near an H100's 80.
+#    batch for its features, then the drafter's) is bound by launches and ends in a host sync:
+#    guess 15-30 ms a step for DFlash (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for
+#    MTP (16), so ~3,000 / ~2,000 / ~4,000 steps. Batch and lr are the CPU recipe's
+#    (train_drafter.RECIPE) scaled up: DFlash 8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns
+#    as much per sequence as batch 8: docs/experiments.md, "Batch 32"), EAGLE 2 -> 16 at
+#    2e-3 -> 6e-3 (6e-3 led 3e-3 over ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at
+#    2e-3 -> 6e-3 (ahead of 3e-3 over ~720 CPU steps: "MTP at batch 16"). The target's
+#    features are computed per step (--features step): all of them at once would take 59 GB in
+#    fp32 for the three runs (33 for DFlash's 5 layers, 20 for EAGLE's 3, 7 for MTP), too near
+#    an H100's 80.
 # 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
 #    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
 # 7. bench 95 s, with FROM_WEIGHTS only (the first session gives its time to the target):
