@@ -57,7 +57,9 @@
 #    guess 15-30 ms a step for DFlash (batch 32), 30-50 for EAGLE (16, 7 test steps), 15-25 for
 #    MTP (16), so ~3,000 / ~2,000 / ~4,000 steps. Batch and lr are the CPU recipe's
 #    (train_drafter.RECIPE) scaled up: DFlash 8 -> 32 at 6e-4 -> 2.4e-3 (on the CPU that learns
-#    as much per sequence as batch 8: docs/experiments.md, "Batch 32"), EAGLE 2 -> 16 at
+#    as much per sequence as batch 8: docs/experiments.md, "Batch 32") with 16 anchors a
+#    sequence instead of 8 (0.16 lower held-out loss at equal steps on the CPU, where a step
+#    costs 1.4x; on a GPU bound by launches nearly nothing: "Anchors"), EAGLE 2 -> 16 at
 #    2e-3 -> 6e-3 (6e-3 led 3e-3 over ~490 CPU steps: "EAGLE at batch 16"), MTP 2 -> 16 at
 #    2e-3 -> 6e-3 (ahead of 3e-3 over ~720 CPU steps: "MTP at batch 16"). The target's
 #    features are computed per step (--features step): all of them at once would take 59 GB in
@@ -199,7 +201,7 @@ DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-mi
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
-  dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 2.4e-3 \
+  dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 2.4e-3 --anchors 16 \
 --continuation-only $T_DISTILL $T_RUN" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
   mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN"
