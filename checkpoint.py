@@ -150,8 +150,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
                              f"({th}); retrain it with train_drafter.py --method {method}")
-        model, sd = FEATURE_DRAFTERS[method](target.cfg, **saved_config(ck, target.cfg)), \
-            ck["state_dict"]
+        model = FEATURE_DRAFTERS[method](target.cfg, **saved_config(ck, target.cfg))
+        sd = ck["state_dict"]
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     model.to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())

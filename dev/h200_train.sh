@@ -99,10 +99,11 @@ DRAFT="$DRAFT --eval-every 250 --eval-batches 4 --save-minutes 0 --threads 4"
 NS=${N_SEQS:-16384}
 D="--target $W/target.pt --out-dir $W --device $DEV --corpus all --n-seqs $NS"
 D="$D --n-val-seqs 256 --prompt-len 64 --gen-len 192 --distill-batch 2048 --threads 4"
+D="$D --features step"  # the target's, per batch: all at once would not fit (step 5)
 DISTILL_S=$((40 + 30 * NS / 16384))  # 70 s at 16,384: a guess, see step 4 above
 DM=${DRAFTER_MINUTES:-1.3}  # each drafter's training; its step's limit adds ~32 s of start-up
 FROM=${FROM_WEIGHTS:-}
-R="--minutes $DM --eval-every 500 --save-minutes 0 --features step"
+R="--minutes $DM --eval-every 500 --save-minutes 0"
 T_TRAIN="" T_DISTILL="" T_RUN="" T_BENCH=""
 if [ "${TINY:-0}" = 1 ]; then  # 30-40 s on a 2-core CPU once out/data-all is built
   T_TRAIN="--max-steps 3 --batch-size 4 --seq-len 64 --eval-every 2 --eval-batches 1 --threads 1"
@@ -194,10 +195,9 @@ fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
   echo "NOTE: the target run did not finish; the drafters use its last save" | tee -a "$TXT"; }
-# a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt);
-# its features per step, as the drafters' (`once` would hold every sequence's: see step 5)
+# a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt)
 DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 \
---features step $T_DISTILL")
+$T_DISTILL")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
