@@ -20,7 +20,7 @@ import torch
 
 import dflash_kernels as kernels
 from dev import emu as dev_emu
-from data import ROOT
+from data import ROOT, get_encoding
 from dev import nvcc_check, sdpa_probe
 
 DEV = os.path.join(kernels.HERE.parent, "dev")
@@ -277,8 +277,9 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     script = open(os.path.join(DEV, "h200_train.sh")).read()
     assert "from dev.export_weights import export_checkpoint" in script
     # the `ref` target and its drafters in bf16 (2 bytes a parameter), in 15 MiB parts
-    cfg = Config(vocab_size=4098, **PRESETS["ref"])
-    models = [Transformer(cfg), Transformer(Config(vocab_size=4098, **PRESETS["cpu-draft"])),
+    V = get_encoding().n_vocab  # the tokenizer's, as train.py gives every model
+    cfg = Config(vocab_size=V, **PRESETS["ref"])
+    models = [Transformer(cfg), Transformer(Config(vocab_size=V, **PRESETS["cpu-draft"])),
               PostHocMTP(cfg, depth=3), Eagle(cfg), DFlash(cfg)]
     size = 2 * sum(p.numel() for m in models for p in m.parameters())
     prompts = sum(os.path.getsize(os.path.join(ROOT, "weights", f))
