@@ -1,8 +1,8 @@
 """
-The benchmark (DESIGN.md sec. 8): ar (plain decoding, the baseline), ngram, draft, mtp, eagle
-and dflash on the same target, prompts, token budget, temperatures, seed and batch size, in one
-table with DFlash's columns (arXiv 2602.06036). It trains nothing: a drafter that is missing or
-another target's is skipped with the command that trains it.
+The benchmark (DESIGN.md sec. 8): ar (plain decoding, the baseline), ngram, draft, mtp, eagle,
+dflash and dflash-tree on the same target, prompts, token budget, temperatures, seed and batch
+size, in one table with DFlash's columns (arXiv 2602.06036). It trains nothing: a drafter that is
+missing or another target's is skipped with the command that trains it.
 
     python bench.py [--device cuda]                 # the committed weights/cpu, T = 0 and T = 1
     python bench.py --methods ar,ngram,dflash --temperatures 0 --json out/bench.json
@@ -205,7 +205,7 @@ def print_table(results, n_prompts):
         if a := r["acceptance_per_position"]:  # a column per position, eighth blocks 0 ... 1
             bars = "".join(" ▁▂▃▄▅▆▇█"[round(x * 8)] * 2 for x in a)
             print(f"  {r['method']:11s} T={r['temperature']:<4g} |{bars}| alpha_1 {a[0]:.2f} ... "
-                  f"alpha_{len(a)} {a[-1]:.2f}, E = 1 + sum = {1 + sum(a):.2f}")
+                  f"alpha_{len(a)} {a[-1]:.2f}, 1 + sum = {1 + sum(a):.2f}")
 
 
 def get_parser():
@@ -216,7 +216,8 @@ def get_parser():
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt")
     g.add_argument("--batch-size", type=int, default=1, help="rows decoded at once")
     g.add_argument("--continuous", action="store_true", help="a finished row takes the next prompt")
-    g.add_argument("--K", type=int, default=7, help="drafts per step of ngram, draft and eagle")
+    g.add_argument("-K", "--K", type=int, default=7,
+                   help="drafts per step of ngram, draft and eagle")
     add_drafter_flags(g)  # --block-size, --dflash-argmax, --tree, --mtp-draft, --confidence
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, help="run every chain "
                    "verify pass and each learned drafter's propose at one shape, compiled (a "
@@ -232,7 +233,8 @@ def get_parser():
                    help="checkpoint or Hugging Face folder")
     g.add_argument("--weights", help="folder of the drafters' checkpoints (default: the target's)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if any)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="of the weights and activations (bfloat16 on cuda only)")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
     g.add_argument("--json", help="write the results as JSON here (dev/plot.py charts it)")
     return p

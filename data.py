@@ -13,7 +13,7 @@ every machine tokenizes and benches alike. Bins: flat np.uint16 streams, as in n
     python data.py --corpus all   # the broad corpus, into out/data-all/
 """
 import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, sys
-import sysconfig, time
+import sysconfig, textwrap, time
 
 import numpy as np
 import tiktoken
@@ -261,6 +261,10 @@ class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
         if "default" in text or d is None or isinstance(d, bool) or d == argparse.SUPPRESS:
             return text
         return text + " (default: %(default)s)"
+
+    def _split_lines(self, text, width):  # "dflash-tree" or "--max-new-tokens" kept whole
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False,
+                             break_long_words=False)
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)

@@ -192,6 +192,19 @@ def test_help_shows_each_default_once():
     assert text.count("default") == 3
 
 
+def test_help_wraps_between_words_not_at_hyphens(monkeypatch):
+    """A method name such as dflash-tree or a flag such as --max-new-tokens stays whole where the
+    help text wraps (argparse breaks at hyphens, and inside a word longer than the line)."""
+    p = argparse.ArgumentParser(formatter_class=DefaultsHelp)
+    p.add_argument("--methods", help="comma list of ar,ngram,draft,mtp,eagle,dflash,dflash-tree "
+                   "(default: all that load), or --max-new-tokens")
+    for width in range(30, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        words = p.format_help().split()
+        assert "ar,ngram,draft,mtp,eagle,dflash,dflash-tree" in words, (width, p.format_help())
+        assert "--max-new-tokens" in words, (width, p.format_help())
+
+
 # -----------------------------------------------------------------------------
 # the committed reference weights
 
