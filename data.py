@@ -66,7 +66,8 @@ def sha1_of(path):
 def corpus_files(corpus="small"):
     """{"train": [...], "val": [...], "ood": [...]} of (key, path) in a fixed order: the stdlib,
     torch and numpy, each sorted by key; for "all" then the other installed files, sorted by key,
-    those of OOD_PACKAGES in "ood" (never trained on, never in "val")."""
+    those of OOD_PACKAGES in "ood" (never trained on, never in "val"; copies that other packages
+    vendor, in none)."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     roots = [("stdlib", sysconfig.get_paths()["stdlib"])] + [  # find_spec does not import
@@ -84,8 +85,10 @@ def corpus_files(corpus="small"):
                 files.append((key, path))
     split = {"train": [], "val": [], "ood": []}
     for key, path in files:  # sha1, not Python's hash(): the split must not change between runs
-        h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-        ood = key.split("/")[0] in OOD_PACKAGES
+        h, parts = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16), key.split("/")
+        ood = parts[0] in OOD_PACKAGES
+        if not ood and set(parts[1:-1]) & set(OOD_PACKAGES):
+            continue  # one vendored by another package (pip/_vendor/rich/): in no split
         split["ood" if ood else "val" if h % 1000 < VAL_PER_MILLE else "train"].append((key, path))
     return split
 

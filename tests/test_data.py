@@ -335,8 +335,11 @@ def test_the_broad_corpus_adds_new_contents_once_in_a_fixed_order(tmp_path, monk
 
 
 def test_ood_packages_are_in_no_split_of_any_corpus(tmp_path, monkeypatch):
-    """A package of OOD_PACKAGES goes to "ood" whole, never to train or val."""
+    """A package of OOD_PACKAGES goes to "ood" whole, never to train or val, and another
+    package's vendored copy of it (pip/_vendor/rich/) to no split at all."""
     fake_install(tmp_path, monkeypatch)
+    (tmp_path / "site2" / "other" / "_vendor" / "pkg").mkdir(parents=True)
+    (tmp_path / "site2" / "other" / "_vendor" / "pkg" / "old.py").write_text("y = 1\n")
     monkeypatch.setattr(data, "OOD_PACKAGES", ("pkg",))
     files = data.corpus_files.__wrapped__("all")
     assert [k for k, _ in files["train"]] == ["stdlib/a.py", "other.py", "top.py"]
@@ -344,13 +347,14 @@ def test_ood_packages_are_in_no_split_of_any_corpus(tmp_path, monkeypatch):
 
 
 def test_committed_ood_prompts_come_from_packages_no_corpus_trains_on():
-    """weights/ood_prompts.jsonl: cuts of this machine's OOD_PACKAGES files, none of which is in
-    a train split; the first ten (bench's --n-prompts 10) come from more than one package."""
+    """weights/ood_prompts.jsonl: cuts of this machine's OOD_PACKAGES files, none of which (nor a
+    copy another package vendors: pip holds rich) is in a train split; the first ten (bench's
+    --n-prompts 10) come from more than one package."""
     prompts = data.read_prompts_file(data.OOD_PROMPTS_PATH)
     assert len(prompts) == data.N_REFERENCE_PROMPTS
     files = data.corpus_files("all")
-    roots = {k.split("/")[0] for s in ("train", "val") for k, _ in files[s]}
-    assert not roots & set(data.OOD_PACKAGES)
+    folders = {d for s in ("train", "val") for k, _ in files[s] for d in k.split("/")[:-1]}
+    assert not folders & set(data.OOD_PACKAGES)  # nor a copy vendored by another package
     texts = {k.split("/")[0]: "" for k, _ in files["ood"]}
     for k, t in data.read_texts(files["ood"]):
         texts[k.split("/")[0]] += t
