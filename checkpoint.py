@@ -128,39 +128,40 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         w = target.head.weight
         return ModelDrafter(load_target(os.path.join(folder, "draft.pt"), w.device, w.dtype),
                             confidence=confidence)
-    if method == "dflash-tree":
-        drafter = load_drafter("dflash", target, folder, block_size)
-        drafter.tree = DraftTree(tree_nodes)
-        return drafter
-    if method not in FEATURE_DRAFTERS:
+    kind = "dflash" if method == "dflash-tree" else method  # the tree drafts with dflash.pt
+    if kind not in FEATURE_DRAFTERS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     native = getattr(target, "ckpt", {}).get("mtp_state_dict")
-    src = os.path.join(folder, f"{method}.pt")
-    if method == "mtp" and native:
+    src = os.path.join(folder, f"{kind}.pt")
+    if kind == "mtp" and native:
         model, sd = MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
         src = "the target's own heads"
-    elif (method == "dflash" and os.path.isfile(os.path.join(folder, "config.json"))
+    elif (kind == "dflash" and os.path.isfile(os.path.join(folder, "config.json"))
           and not os.path.isfile(src)):  # a dflash.pt beside it is ours, and checked: it wins
         model = interop.readable(interop.load_zlab_dflash, folder, target)
         src = f"z-lab folder {folder}"
         sd = model.state_dict()
     else:
-        ck = load_checkpoint(src, kind=method)
+        ck = load_checkpoint(src, kind=kind)
         th = weights_hash(target.cfg, target.state_dict())
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
-                             f"({th}); retrain it with train_drafter.py --method {method}")
-        model = FEATURE_DRAFTERS[method](target.cfg, **saved_config(ck, target.cfg))
+                             f"({th}); retrain it with train_drafter.py --method {kind}")
+        model = FEATURE_DRAFTERS[kind](target.cfg, **saved_config(ck, target.cfg))
         sd = ck["state_dict"]
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     model.to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())
     layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
     print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
-    if method == "mtp":
+    if kind == "mtp":
         return MTPDrafter(target, model, n_draft=mtp_draft, confidence=confidence)
-    if method == "eagle":
+    if kind == "eagle":
         return EagleDrafter(target, model, confidence=confidence)
+    if method == "dflash-tree":  # the tree is drafted from block_logits: no sample or confidence
+        drafter = DFlashDrafter(target, model, block_size=block_size)
+        drafter.tree = DraftTree(tree_nodes)
+        return drafter
     return DFlashDrafter(target, model, block_size=block_size, sample=dflash_sample,
                          confidence=confidence)
 

@@ -229,7 +229,9 @@ def test_dflash_tree_is_a_method_of_bench_and_sample(capsys):
     results = bench.main(["--methods", "dflash-tree", "--tree", "12", "--n-prompts", "2",
                           "--max-new-tokens", "16", "--temperatures", "0"])
     assert [(r["method"], r["lossless"]) for r in results] == [("ar", True), ("dflash-tree", True)]
-    assert "dflash-tree 15 (block 16, tree of 12 nodes)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "dflash-tree 15 (block 16, tree of 12 nodes)" in out
+    assert "\ndflash-tree: 1.90M params" in out and "\ndflash: " not in out  # its own line
     sample.main(["--method", "dflash-tree", "--tree", "8", "--max-new-tokens", "24", "--check"])
     assert "identical to model.generate: True" in capsys.readouterr().out
 
