@@ -225,7 +225,8 @@ def test_a_repeated_temperature_runs_once():
 
 def test_K_is_spelled_as_sample_py_spells_it():
     """sample.py takes -K; bench.py took only --K, so the README's -K failed here."""
-    assert bench.get_parser().parse_args(["-K", "3"]).K == bench.get_parser().parse_args(["--K", "3"]).K == 3
+    parse = bench.get_parser().parse_args
+    assert parse(["-K", "3"]).K == parse(["--K", "3"]).K == 3
 
 
 def test_an_unwritable_json_is_refused_before_any_work(tmp_path, capsys):
@@ -497,7 +498,7 @@ def test_acceptance_line_bars_and_E(capsys):
                acceptance_per_position=[1.0, 0.99, 0.5, 0.1, 0.0], first_difference_gaps=[])
     bench.print_table([row], 2)
     out = capsys.readouterr().out
-    assert "|████▄▄▁▁  | alpha_1 1.00 ... alpha_5 0.00" in out and "alpha_5 0.00, 1 + sum = 3.59" in out
+    assert "|████▄▄▁▁  | alpha_1 1.00 ... alpha_5 0.00, 1 + sum = 3.59" in out
 
 
 def test_first_difference_gaps_only_for_greedy_rows(weights, prompts_file, capsys):
