@@ -45,10 +45,9 @@ def weights_hash(cfg, state_dict):
 
 
 def save_checkpoint(path, obj):
-    """Write atomically (temp file, then rename) so Ctrl-C never leaves a torn checkpoint."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    torch.save(obj, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    """Write atomically (data.atomic_open) so Ctrl-C never leaves a torn checkpoint."""
+    with data.atomic_open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def load_checkpoint(path, kind=None):

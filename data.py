@@ -12,8 +12,8 @@ every machine tokenizes and benches alike. Bins: flat np.uint16 streams, as in n
     python data.py                # build out/data/{train,val}.bin with tokenizer.tiktoken
     python data.py --corpus all   # the broad corpus, into out/data-all/
 """
-import argparse, base64, functools, hashlib, importlib.util, itertools, json, os, sys
-import sysconfig, textwrap, time
+import argparse, base64, contextlib, functools, hashlib, importlib.util, itertools, json, os
+import sys, sysconfig, textwrap, time
 
 import numpy as np
 import tiktoken
@@ -127,12 +127,27 @@ def tokenizer_hash(path=TOKENIZER_PATH):
         return hashlib.sha256(f.read() + PAT_STR.encode()).hexdigest()[:12]
 
 # ----------------------------------------------------------------------------- token bins
-def write_atomic(path, text):
-    """Temp file then rename: Ctrl-C never leaves half a file (meta.json, bench's JSON)."""
+_writes = itertools.count()  # with the pid, a temp name no other writer of the path uses
+
+@contextlib.contextmanager
+def atomic_open(path, mode="w"):
+    """A temp file beside path, renamed over it at the end: Ctrl-C never leaves half a file, and
+    two runs that build the same cache side by side (the bins, distilled data) never write one
+    temp file together; the last rename wins, and both wrote the same bytes."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.{os.getpid()}-{next(_writes)}.tmp"
+    try:
+        with open(tmp, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # interrupted: no temp file left behind
+            os.remove(tmp)
+
+def write_atomic(path, text):
+    """atomic_open's text file (meta.json, bench's JSON)."""
+    with atomic_open(path) as f:
         f.write(text)
-    os.replace(path + ".tmp", path)
 
 def progress(msg, last=False):
     """A progress line, rewritten in place on a terminal (the last one ends the line); a line
@@ -172,8 +187,8 @@ def _prepare(out_dir, rebuild, corpus="small"):
     t0 = time.time()
     for split, split_files in ((s, files[s]) for s in ("train", "val")):
         texts, n_files, n_bytes, n_tokens = read_texts(split_files), 0, 0, 0
-        # a .tmp renamed at the end (no half bin if interrupted); 256 files at a time (flat memory)
-        with open(paths[split] + ".tmp", "wb") as f:
+        # no half bin if interrupted (atomic_open); 256 files at a time (flat memory)
+        with atomic_open(paths[split], "wb") as f:
             while batch := [text for _, text in itertools.islice(texts, 256)]:
                 n_files += len(batch)
                 n_bytes += sum(len(t.encode()) for t in batch)
@@ -182,7 +197,6 @@ def _prepare(out_dir, rebuild, corpus="small"):
                     n_tokens += len(ids) + 1
                 progress(f"data: {split} {n_files}/{len(split_files)} files, "
                          f"{time.time() - t0:.1f}s")
-        os.replace(paths[split] + ".tmp", paths[split])
         for key, n in (("files", n_files), ("bytes", n_bytes), ("tokens", n_tokens)):
             meta[key][split] = n
         progress(f"data: {split}: {n_files:,} files, {n_bytes:,} bytes, {n_tokens:,} tokens "

@@ -218,6 +218,32 @@ def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, mo
     assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
+def test_two_builds_of_the_same_bins_side_by_side_do_not_collide(tmp_path, monkeypatch):
+    """Two runs started on the same missing cache (two drafters trained side by side) each build
+    it. They shared one train.bin.tmp, and the later rename found it gone; here a second build
+    runs whole while the first writes its train bin. An interrupted build leaves no temp file."""
+    tiny_corpus(tmp_path, monkeypatch)
+    out, progress, calls, inner = str(tmp_path / "out"), data.progress, [], []
+
+    def progress_with_a_second_build(msg, last=False):
+        calls.append(msg)
+        if len(calls) == 1:  # inside the first build's `with` of train.bin
+            inner.append(data._prepare(out, True))
+        progress(msg, last)
+    monkeypatch.setattr(data, "progress", progress_with_a_second_build)
+    meta = data._prepare(out, True)
+    assert meta["tokens"] == inner[0]["tokens"] and meta["tokens"]["train"] > 1
+    assert len(np.fromfile(meta["paths"]["train"], dtype=np.uint16)) == meta["tokens"]["train"]
+    assert sorted(os.listdir(os.path.join(out, "data"))) == ["meta.json", "train.bin", "val.bin"]
+
+    def interrupt(msg, last=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(data, "progress", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        data._prepare(str(tmp_path / "out2"), True)
+    assert os.listdir(os.path.join(tmp_path, "out2", "data")) == []
+
+
 def test_bin_progress_is_lines_in_a_log_and_one_line_per_split_on_a_terminal(tmp_path, monkeypatch, capsys):
     """Its \\r rewrites ran together with the next line in a log file; not on a terminal
     each progress line ends with a newline of its own. On a terminal each split's count is
