@@ -56,7 +56,9 @@ GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 def feature_layers(n_layer, n_features):
     """n target layers spread evenly over depth, from the first block to the one below the last
     (z-lab and SGLang never read the last: transformers gives it after the final norm, SGLang not
-    at all; leaving it out cost nothing here: docs/experiments.md, "The last block's features")."""
+    at all; leaving it out cost nothing here: docs/experiments.md, "The last block's features").
+    The committed weights/cpu/dflash.pt predates this rule: it reads (1, 2, 4, 5, 6), the last
+    block included (checkpoint.saved_config)."""
     top = max(n_layer - 1, 1)
     n_features = min(n_features, top)
     if n_features == 1:
@@ -107,11 +109,12 @@ class DFlash(nn.Module):
         return torch.stack(k), torch.stack(v)
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
-        """The drafter proper. x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v
-        (L, B, H, T_ctx, D) rotated context keys/values per layer (or a sequence of L such);
-        mask (B, 1, 1, T_ctx + S), the same for every query of a block (inference hides each row's
-        unused context slots), or None (every query sees every key). In training, B is batch x
-        anchors.
+        """The drafter proper: each Block's forward rebuilt, its attention over the context K/V
+        and then the block's own (Block.forward is never called). x (B, S, C) block embeddings
+        at positions pos (B, S); ctx_k/v (L, B, H, T_ctx, D) rotated context keys/values per
+        layer (or a sequence of L such); mask (B, 1, 1, T_ctx + S), the same for every query of
+        a block (inference hides each row's unused context slots), or None (every query sees
+        every key). In training, B is batch x anchors.
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):
@@ -153,7 +156,8 @@ class DFlash(nn.Module):
         # zero-filled copies)
         ck = ck[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
         cv = cv[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
-        # a block anchored at a sees context j < a (strictly!) and all of its own block
+        # a block anchored at a sees context j < a (strictly!) and all of its own block: at
+        # inference x_a is the pending token, not yet fed to the target, so c_a does not exist
         see_ctx = torch.arange(T, device=dev) < anchors.reshape(B * A, 1)  # (B*A, T)
         mask = torch.cat([see_ctx, see_ctx.new_ones(B * A, S)], 1)[:, None, None]  # (BA,1,1,T+S)
         # NOTE: slots past the end of a sequence (no label) still take part, as at inference;
@@ -167,7 +171,7 @@ class DFlash(nn.Module):
         given as positions (B, A). Tokens before label_from (the corpus prompt) are context
         only: anchors start at label_from - 1, the prompt's last token, so that every continuation
         token, x_{label_from} included, is some block's label (at inference the first block is
-        anchored one later, at the first generated token, which prefill picks)."""
+        anchored one later, at the first generated token, which generate's prompt pass picks)."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         lo = max(1, label_from - 1)  # a in [lo, T-2]: at least one context position and one label
@@ -295,7 +299,7 @@ class DFlashDrafter:
         # and keeping K drafts accepts up to ~5 % more but costs more than that on a CPU
         # (docs/experiments.md)
         S = min(K, self.max_K) + 1
-        logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0's output is dropped
+        logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0 holds x_s, already known
         # when sampling, independent draws from each slot's own q (B, S-1, V)
         d, q = draft_token(logits, temperature, top_k, generator, self.sample)
         if self.confidence > 0:  # keep slot i while the confidences before it multiply to >= C

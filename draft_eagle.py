@@ -185,7 +185,7 @@ class EagleDrafter:
         a row: ragged_positions) -> output feature (B, C) and logits (B, V) at P, which draft
         d_1 = x_n. The cache ends at P + 1."""
         P, cache, C = n - 2, self.cache, self.feat.shape[2]
-        cache.rollback(torch.minimum(cache.lengths, P))        # rerun at least P (rows, n_new = 0)
+        cache.rollback(torch.minimum(cache.lengths, P))        # rerun P: a finished row's is past P
         start = cache.lengths.clone()
         p_idx = ragged_positions(start, P, bound)                     # (B, m), padded with P
         h = self.feat.gather(1, p_idx[..., None].expand(-1, -1, C))   # (B, m, C): f_p

@@ -14,7 +14,7 @@ As a drafter, module k's output at the last fed position t = N-2 predicts token 
 draft D tokens. Each module keeps a KV cache of its own, whose entry at p is exact only once its
 input x_{p+k} is committed (p <= N-1-k): propose() runs the chain, catching each module up on
 the positions that became exact; each module's pass rolls its tentative entries back at once.
-`--mtp-draft N`: draft at most N tokens; `--confidence C`: a row stops after a draft it is less
+`--mtp-draft M`: draft at most M tokens; `--confidence C`: a row stops after a draft it is less
 sure of than C, as the other chain drafters do (draft_simple.draft_chain).
 """
 
@@ -121,7 +121,7 @@ class MTPDrafter:
         self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
                        for _ in range(self.mtp.depth)]
         for k in range(1, self.mtp.depth + 1):  # the prompts, so that a step's catch-up is short
-            self.run_module(k, tokens, n)
+            self.run_module(k, tokens, n)  # past N-1-k it reads uncommitted zeros: rolled back
 
     def update(self, tokens, n, feats, n_new):
         # the verify pass fed positions n - n_new - 1 onward: store its features there
@@ -144,7 +144,7 @@ class MTPDrafter:
         """Catch module k up to the last fed position P = n-2 (ext: committed tokens, then the
         drafts so far; at most bound a row) -> its logits (B, V) at P, predicting x_{n-1+k}."""
         target, mod, cache, P = self.target, self.mtp.mods[k - 1], self.caches[k - 1], n - 2
-        cache.rollback(torch.minimum(cache.lengths, P))      # at least position P is (re)run
+        cache.rollback(torch.minimum(cache.lengths, P))  # (re)run P: a finished row's is past P
         p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
         out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))

@@ -13,9 +13,9 @@ One step, per row:
 This is lossless for any q: greedy output equals plain greedy decoding token for token, and
 sampled output has exactly the target's distribution.
 
-The invariant of the loop and every drafter: a row has N committed tokens x_0..x_{N-1}; the
-target has fed (cached) x_0..x_{N-2}; x_{N-1} (the last emitted token) is pending and is the
-first token of the next verify pass.
+The invariant of the loop and every drafter: a row has N committed tokens x_0..x_{N-1} (n (B,)
+in the code); the target has fed (cached) x_0..x_{N-2}; x_{N-1} (the last emitted token) is
+pending and is the first token of the next verify pass.
 
 The drafter interface, the one seam of this repo (draft_simple.py, mtp.py, draft_eagle.py and
 draft_diffusion.py implement it). tokens (B, T_buf) are the loop's committed tokens and n (B,)
@@ -315,7 +315,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     def retire(finished):  # keep each finished row's new tokens (cut after the stop), refill it
         nonlocal next_prompt
         for b, d in enumerate(finished):
-            while d and not taken[b]:
+            while d and not taken[b]:  # while: a new prompt can be done at its first token
                 out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
                 outputs[slot[b]] = out[:out.index(stop) + 1] if stop in out else out
                 taken[b] = True
@@ -374,7 +374,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # commit d_1..d_{n_acc} and then the emitted token, per row: new is [d_1..d_{n_acc},
         # emitted, ...], keep admits its first n_new slots, other columns keep their value
         cols = n[:, None] + torch.arange(Kd + 1, device=device)    # (B, K'+1)
-        new = torch.cat([drafts, nxt[:, None]], 1)
+        new = torch.cat([drafts, nxt[:, None]], 1)                  # K'+1 columns (the last: pad)
         new.scatter_(1, n_acc[:, None], nxt[:, None])               # slot n_acc: the emitted token
         keep = torch.arange(Kd + 1, device=device)[None] < n_new[:, None]
         tokens.scatter_(1, cols, torch.where(keep, new, tokens.gather(1, cols)))

@@ -5,8 +5,9 @@ each slot's distribution away.
 
 One DFlash pass gives a distribution q_d over the token at every depth d = 1..S-1 of the block.
 build_tree grows a tree of N nodes (the node budget) from them, best-first by the product of q
-along the path; the target verifies all N nodes in ONE pass, node t at position L + depth(t)
-(L: the row's cache length) attending to the committed cache and to its own ancestors only.
+along the path (sampling: of Gumbel-perturbed q); the target verifies the root and all N nodes
+in ONE pass of N + 1 positions, node t at position base + depth(t) (base: the row's cache
+length) attending to the committed cache and to its own ancestors only.
 Then, per row, from the root (the pending token, the last committed one) down:
   greedy    follow the child whose token is the target's argmax; emit the argmax where none is
   sampling  each node's children c_1..c_m were drawn from their slot's q without replacement, a
@@ -36,8 +37,10 @@ def build_tree(q, N, max_children=None, g=None):
     added, a parent first (node 0 is the root: parents index [root] + nodes). A node's children
     are the next slot's tokens, best first: greedy (g None) by q, alike at a depth; sampling by
     log q + Gumbel noise of the node's own, a draw without replacement (noise shared by a depth
-    biased the output). A path scores the sum of its nodes' (noisy ones: a noisy score says
-    nothing of its token, so what gets in does not either; by log q alone it would: biased).
+    biased the output). A path scores the sum of its nodes' scores. Sampling, a perturbed score
+    is independent of which token holds it (Gumbel-max), so which nodes get in says nothing of
+    their tokens and each node's children stay draws from q; ranked by log q alone the tree
+    would favour likely tokens, and the output would be biased.
     The heap holds each node's next sibling and first child: each pop adds the best node left."""
     D, V = q.shape
     k = min(max_children or N, V)
@@ -99,6 +102,7 @@ class DraftTree:
         which the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
         logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
         q = logits_to_probs(logits, temperature or 1.0, top_k)  # greedy ranks by q at T = 1
+        # a size every row's tree reaches, so that all rows stack to (B, N)
         N = min(self.N, q.shape[1] * min(self.max_children or self.N, q.shape[2]))
         trees = [build_tree(q[b], N, self.max_children, g if temperature > 0 else None)
                  for b in range(q.shape[0])]
@@ -117,14 +121,14 @@ class DraftTree:
         anc = torch.eye(N + 1, dtype=torch.bool, device=dev).repeat(B, 1, 1)  # ancestor-or-self
         for t in range(1, N + 1):  # a parent comes before its children
             anc[:, t] |= anc[rows, par[:, t]]
-        L = cache.lengths.clone()                                       # (B,) = n - 1
+        base = cache.lengths.clone()                                    # (B,) = n - 1
         j = torch.arange(cache.max_len, device=dev)                      # every key slot read
-        u = j[None] - L[:, None]                                        # (B, keys): tree node
+        u = j[None] - base[:, None]                                     # (B, keys): tree node
         see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
         # NOTE: slots past a row's tree (u > N) hold stale entries: nobody sees them
         mask = ((see & (u <= N)[:, None]) | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys)
         x = torch.cat([tokens[rows, n - 1][:, None], tok], 1)           # (B, N+1)
-        logits, hidden = target(x, cache, hidden_layers=layers, tree=(L[:, None] + dep, mask))
+        logits, hidden = target(x, cache, hidden_layers=layers, tree=(base[:, None] + dep, mask))
         sampling = temperature > 0
         p = logits_to_probs(logits, temperature, top_k) if sampling else logits.argmax(-1)
         tok_l, par_l = tok.tolist(), par.tolist()
@@ -148,8 +152,9 @@ class DraftTree:
         idx = torch.zeros(B, D + 1, dtype=torch.long, device=dev)       # [root, path], padded
         for b, path in enumerate(paths):
             idx[b, :len(path)] = torch.tensor(path, device=dev)
-            # compaction: the path's entries (written at slots L + node) move to L + 1, L + 2, ...
-            src, dst = L[b] + idx[b, 1:len(path)], L[b] + torch.arange(1, len(path), device=dev)
+            # compaction: the path's entries (at slots base + node) move to base + 1, base + 2, ...
+            src = base[b] + idx[b, 1:len(path)]
+            dst = base[b] + torch.arange(1, len(path), device=dev)
             cache.k[:, b, :, dst] = cache.k[:, b, :, src]
             cache.v[:, b, :, dst] = cache.v[:, b, :, src]
         # as the chain loop takes them: the path's tokens, then 0 where the tree had a node it
