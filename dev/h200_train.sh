@@ -31,10 +31,10 @@
 # Rehearsed with the TINY set in place: 7 tests read the committed weights' values and fail
 # until re-measured: tests/test_checkpoint.py's CASES (each tau and a floor ~0.7x it; the
 # failure message prints the tau) and its test of a DFlash saved without its layers, which goes
-# with checkpoint.saved_config's shim (the new dflash.pt names them; so does the line on it
-# in draft_diffusion.feature_layers' docstring); tests/test_bench.py's
-# default target (preset "ref"); the README drafter's `greedy tau` (tests/test_speculate.py
-# prints it). Then the README's table, its reading and its weights/ line (no interim).
+# with checkpoint.saved_config's shim (the new dflash.pt names them), as does the line on the
+# old one in draft_diffusion.feature_layers' docstring; tests/test_bench.py's default target
+# (preset "ref"); the README drafter's `greedy tau` (tests/test_speculate.py prints it). Then
+# the README's table, its reading and its weights/ line (no interim).
 # The full checkpoints (with their optimizers) and the distilled data stay in WORK (default
 # out/h200) on the machine, which is given back: a later session starts again from the bf16 files.
 #
