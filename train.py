@@ -5,7 +5,8 @@ AdamW, linear warm-up then cosine decay to a tenth of the peak lr, gradient clip
 bf16 autocast on CUDA, fp32 on CPU. The budget is wall-clock minutes (or --max-steps) and the
 schedule follows the fraction used, so a run of any length ends fully decayed. --mtp-depth D also
 trains D native multi-token prediction modules (mtp.py), loss weight lambda / D. A run saves to
-<checkpoint>.run.pt every --save-minutes; the same command plus --resume continues it.
+a .run.pt beside its checkpoint (out/cpu/target.run.pt) every --save-minutes; the same command
+plus --resume continues it, and --resume FILE continues FILE's model (its preset and depth).
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -80,8 +81,10 @@ def check_args(args, names, zero_ok=(), positive=()):
 def load_run(resume, out_path, kind):
     """--resume FILE: FILE; --resume alone: this run's .run.pt, or its finished checkpoint when
     there is none (to extend it with a larger --minutes) -> (checkpoint, its path)."""
+    if resume:
+        return load_checkpoint(resume, kind=kind), resume
     run = os.path.splitext(out_path)[0] + ".run.pt"  # out_path is written when the run ends
-    path = resume or (out_path if os.path.exists(out_path) and not os.path.exists(run) else run)
+    path = out_path if os.path.exists(out_path) and not os.path.exists(run) else run
     return load_checkpoint(path, kind=kind), path
 
 
@@ -91,7 +94,8 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
     the lr to lr_fn(fraction done, step) and step on train_step(step) -> (loss, its log text as a
     callable: only printed steps sync), clipped at norm 1.0 (both recipes'). Print report() every
     --eval-every steps. Save fields() and what a resume restores (weights, optimizer, step, clock)
-    to <out_path>.run.pt every --save-minutes, and at the end to out_path."""
+    to out_path's .run.pt (target.pt: target.run.pt) every --save-minutes, and at the end to
+    out_path."""
     step, elapsed = (ck.get("step", 0), ck.get("elapsed", 0.0)) if ck else (0, 0.0)
     if ck:
         model.load_state_dict(ck["state_dict"])
@@ -141,17 +145,24 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
 
 def main(args):
     check_args(args, ["eval_batches"], zero_ok=["mtp_depth", "warmup_steps"])
+
+    def resume(file, out_path):  # the model is the file's, as in nanoGPT: its preset and MTP
+        ck, path = load_run(file, out_path, "target")
+        for k in ("preset", "mtp_depth"):
+            setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
+        return ck, path
+    # --resume FILE: loaded first, so that its preset names the default out/<preset>/target.pt
+    ck, path = resume(args.resume, None) if args.resume else (None, None)
     out_path = args.out_path or os.path.join("out", args.preset, "target.pt")
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
+    if args.resume == "":  # --resume alone: the run this command writes
+        ck, path = resume("", out_path)
+    args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0) if args.minutes is None else args.minutes
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
-    device, enc, ck, path = get_device(args.device), data.get_encoding(), None, None
+    device, enc = get_device(args.device), data.get_encoding()
     print(f"device: {device} ({'bf16 autocast' if device.type == 'cuda' else 'fp32'}), "
           f"{torch.get_num_threads()} threads")
-    if args.resume is not None:
-        ck, path = load_run(args.resume, out_path, "target")
-        for k in ("preset", "mtp_depth"):  # the model's shape is the file's, as in nanoGPT
-            setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
     cfg = Config(**ck["config"]) if ck else Config(vocab_size=enc.n_vocab, **PRESETS[args.preset])
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
     if not 1 <= seq_len <= cfg.max_seq_len:
@@ -199,18 +210,20 @@ def main(args):
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description="Train the target.", formatter_class=DefaultsHelp)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     g = p.add_argument_group("model and output")
     g.add_argument("--preset", default="cpu", choices=list(PRESETS), help="model.py's PRESETS")
     g.add_argument("--out-path", default=None, help="the checkpoint (default: "
                    "out/<preset>/target.pt; e.g. out/cpu/draft.pt for the draft model)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
-                   help="continue the run from its .run.pt (or finished checkpoint), or FILE")
+                   help="continue this command's run from its .run.pt (or finished "
+                   "checkpoint), or FILE, whose preset and --mtp-depth win (and name the "
+                   "default --out-path)")
     g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D, mtp.py)")
     g.add_argument("--corpus", default="small", choices=data.CORPORA, help="data.py's corpus")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
     g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and batches")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
     g = p.add_argument_group("budget and optimisation")
     g.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: "
                    + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MINUTES.items()) + ")")
@@ -223,13 +236,13 @@ def get_parser():
     g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
     g.add_argument("--save-minutes", type=float, default=2.0,
-                   help="minutes between saves to <checkpoint>.run.pt (0: only at the end)")
+                   help="minutes between saves to the .run.pt beside the checkpoint (0: only "
+                   "at the end)")
     return p
 
 
 if __name__ == "__main__":
     args = get_parser().parse_args()
-    args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0) if args.minutes is None else args.minutes
     try:
         main(args)
     except (ValueError, FileNotFoundError) as e:  # bad input (flag, device, checkpoint): one line

@@ -403,3 +403,16 @@ def test_sample_cli_rejects_bad_prompts(tmp_path, prompt, max_new, message, run_
     rc, _, err = run_script("sample.py", "--method", "ar", "--target", str(tmp_path / "t.pt"),
                             "--device", "cpu", "--prompt", prompt, "--max-new-tokens", str(max_new))
     assert rc != 0 and message in err, err[-500:]
+
+
+def test_resume_FILE_writes_to_its_own_presets_folder(tmp_path, monkeypatch):
+    """--resume FILE with no --preset or --out-path continues FILE's model into
+    out/<its preset>/target.pt with that preset's default minutes; the default out path came
+    from the default preset, so a `tiny` run went over out/cpu/target.pt."""
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2"))
+    monkeypatch.chdir(tmp_path)  # out/ relative to here
+    args = train.get_parser().parse_args([*SMALL, "--max-steps", "3", "--eval-every", "100",
+                                          "--resume", str(tmp_path / "t.pt")])
+    train.main(args)
+    assert load_checkpoint(str(tmp_path / "out" / "tiny" / "target.pt"))["step"] == 3
+    assert args.minutes == train.DEFAULT_MINUTES["tiny"] and not (tmp_path / "out" / "cpu").exists()
