@@ -2,8 +2,9 @@
 Checkpoints: save, load and hash them; load the target, and a drafter by method name.
 
 A checkpoint is a torch.save'd dict: kind ("target", "mtp", "eagle", "dflash"), config,
-state_dict, args (the trainer's flags), and for a drafter the weights_hash of the target it was
-trained for, so that a drafter never runs against another target. A Hugging Face Qwen3 folder
+state_dict, args (the trainer's flags); a target's also the tokenizer's hash, a drafter's the
+target_hash (weights_hash) of the target it was trained for, so that a drafter never runs
+against another target. A Hugging Face Qwen3 folder
 or a z-lab DFlash folder loads wherever a checkpoint does (interop.py).
 """
 
@@ -167,8 +168,8 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
 
 # load_drafter's options as flags (bench.py, sample.py): flag -> (its methods, argparse settings)
 DRAFTER_FLAGS = {
-    "--block-size": ("dflash", dict(dest="block_size", type=int, default=None,
-                                    help="dflash block size S, drafts S-1 (default: trained, 16)")),
+    "--block-size": ("dflash dflash-tree", dict(dest="block_size", type=int, default=None,
+                     help="dflash block size S, drafts S-1 (default: trained, 16)")),
     "--dflash-argmax": ("dflash", dict(dest="dflash_sample", action="store_false",
                                        help="dflash at T > 0: draft argmax, not a draw from q")),
     "--tree": ("dflash-tree", dict(dest="tree_nodes", type=int, default=32,
@@ -188,8 +189,8 @@ def add_drafter_flags(parser):
 
 def drafter_options(args, parser, methods):
     """load_drafter's keywords from the flags; a flag for a method not run is refused."""
-    for flag, (ms, kw) in DRAFTER_FLAGS.items():  # dflash's flags serve dflash-tree too
-        used = any(x.startswith(m) for m in ms.split() for x in methods)
+    for flag, (ms, kw) in DRAFTER_FLAGS.items():  # dflash-tree ignores argmax and confidence
+        used = any(m in methods for m in ms.split())
         if not used and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):
             raise ValueError(f"{flag} sets an option of {ms.replace(' ', '/')}, which is not "
                              "being run")

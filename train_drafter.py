@@ -132,6 +132,9 @@ def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_batch", "mtp_depth",
                       "ttt_steps", "dflash_layers", "anchors"], positive=["loss_decay"])
+    if not all(0 <= t < math.inf for t in args.distill_temperatures):  # NaN fails too
+        raise ValueError(f"--distill-temperatures must be >= 0 and finite, got "
+                         f"{args.distill_temperatures}")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)
@@ -210,12 +213,13 @@ def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     p.add_argument("--method", required=True, choices=list(MODELS), help="which drafter")
     p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
-                   help="target checkpoint (default: the committed weights/cpu/target.pt)")
+                   help="target checkpoint or Hugging Face Qwen3 folder (default: the committed "
+                   "weights/cpu/target.pt)")
     p.add_argument("--out-dir", default=None, help="for the drafter and the distillation data "
                    "(default: beside the target; out/<preset>/weights for weights/<preset>/)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, weights and anchors")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
     g = p.add_argument_group("self-distillation data")
     g.add_argument("--corpus", default="small", choices=data.CORPORA, help="of the prompts")
     g.add_argument("--n-seqs", type=int, default=1024, help="training prompts to continue")
@@ -223,10 +227,12 @@ def get_parser():
     g.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per prompt")
     g.add_argument("--gen-len", type=int, default=192, help="tokens generated per prompt")
     g.add_argument("--distill-temperatures", default="0,1",  # argparse parses the default too
-                   type=lambda text: [float(t) for t in text.split(",")], help="cycled per batch")
+                   type=lambda text: [float(t) for t in text.split(",")],
+                   help="comma list of temperatures, cycled per --distill-batch batch")
     g.add_argument("--distill-batch", type=int, default=32, help="continuations generated at once")
     g = p.add_argument_group("training")
-    g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget")
+    g.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget of the "
+                   "training steps (the distillation and the target's features come first)")
     g.add_argument("--max-steps", type=int, default=0, help="step limit (0: the clock only)")
     g.add_argument("--batch-size", type=int, help=f"sequences per step ({recipe_of('batch_size')})")
     g.add_argument("--lr", type=float, default=None, help=f"peak lr (default: {recipe_of('lr')})")
@@ -238,7 +244,8 @@ def get_parser():
     g.add_argument("--continuation-only", action="store_true", help="score the target's text only")
     g.add_argument("--features", choices=["once", "step"], default="once",
                    help="the target's hidden states: once, kept in memory (14 GB for 12,288 "
-                   "DFlash sequences of 224), or per batch every step (none kept; ~2x a CPU step)")
+                   "DFlash sequences of 224), or per batch every step (only the validation "
+                   "set's kept; ~2x a CPU step)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")
