@@ -2,7 +2,8 @@
 The benchmark (DESIGN.md sec. 8): ar (plain decoding, the baseline), ngram, draft, mtp, eagle,
 dflash and dflash-tree on the same target, prompts, token budget, temperatures, seed and batch
 size, in one table with DFlash's columns (arXiv 2602.06036). It trains nothing: a drafter that is
-missing or another target's is skipped with the command that trains it.
+missing or another target's is skipped with the command that trains it (or, named in --methods,
+ends the run with it).
 
     python bench.py [--device cuda]                 # the committed weights/cpu, T = 0 and T = 1
     python bench.py --methods ar,ngram,dflash --temperatures 0 --json out/bench.json
@@ -170,7 +171,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
                      for m, d in drafters.items() if d)
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of "
           f"{args.repeats} run(s) after a warm-up")
-    trust = "the T=1 rows" if any(t > 0 for t in repeats) else "sampled rows (--temperatures 0,1)"
+    hot = [f"{t:g}" for t in repeats if t > 0]
+    trust = f"the T={'/'.join(hot)} rows" if hot else "sampled rows (--temperatures 0,1)"
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; code: ~2%)")
         if r > REPEAT_WARN:  # tau at T = 0 flatters every drafter on a target that loops
@@ -310,7 +312,9 @@ def main(argv=None):
           else getattr(d, "default_K", args.K) for m, d in drafters.items()}
     enc = checked(load_tokenizer, args.target)  # once: a Hugging Face one is parsed from JSON
     prompts = [enc.encode_ordinary(t) for t in texts]
-    n_verify = max(Ks.values()) + 1
+    # generate's headroom: K + 1 positions a verify pass, a tree's N + 1 if more
+    n_verify = 1 + max(max(Ks[m], d.tree.N if m == "dflash-tree" else 0)
+                       for m, d in drafters.items())
     for i, (t, ids) in enumerate(zip(texts, prompts), 1):
         if len(ids) + args.max_new_tokens + n_verify > target.cfg.max_seq_len:
             die(f"prompt {i} of {source} ({t[:40]!r}...): {len(ids)} tokens + {args.max_new_tokens}"

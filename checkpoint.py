@@ -33,7 +33,7 @@ FEATURE_DRAFTERS = {"mtp": MTP, "eagle": Eagle, "dflash": DFlash}
 def weights_hash(cfg, state_dict):
     """Identity of a set of weights: sha256 of the config and every tensor rounded to bf16,
     so a fp32 model and its bf16 copy in weights/ have the same hash."""
-    cfg = cfg if isinstance(cfg, dict) else asdict(cfg)
+    cfg = asdict(cfg)
     # fields added after the reference weights were trained count only where they are not
     # their default, so that the committed drafters still match their target
     late = {"head_dim": cfg["n_embd"] // cfg["n_head"], "tie_embeddings": False}

@@ -36,8 +36,8 @@ BAD_Q = ("the drafter's q must be probabilities over the {V} tokens (finite, >= 
 
 def check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K, stop_token,
                  batch_size):
-    """generate's arguments -> prompts as 1-D tensors and K (the drafter's default_K when None,
-    capped at its max_K; 0 without a drafter)."""
+    """generate's arguments -> prompts as 1-D tensors and K (when None the drafter's default_K,
+    else 4; capped at its max_K; 0 without a drafter)."""
     V = target.cfg.vocab_size
     if isinstance(prompts, str) or any(isinstance(pr, (str, int)) for pr in prompts):
         raise ValueError("prompts is a list of prompts, each a list of token ids")

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
 WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed checkpoints, weights/<preset>/
 PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's default prompts
-# whole packages in no split of any corpus: the out-of-domain prompts, bench --prompts ood
+# whole packages never trained on (corpus_files' "ood" split), where the out-of-domain prompts
+# come from: bench.py --prompts weights/ood_prompts.jsonl
 OOD_PACKAGES = ("networkx", "rich", "werkzeug")
 OOD_PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "ood_prompts.jsonl")
 N_REFERENCE_PROMPTS = 256
@@ -164,8 +165,11 @@ def prepare(out_dir=DATA_OUT, rebuild=False, corpus="small"):
         _prepared[out_dir, corpus] = _prepare(out_dir, rebuild, corpus)
     return _prepared[out_dir, corpus]
 
+def bins_dir(out_dir, corpus):
+    return os.path.join(out_dir, "data" if corpus == "small" else f"data-{corpus}")
+
 def _prepare(out_dir, rebuild, corpus="small"):
-    data_dir = os.path.join(out_dir, "data" if corpus == "small" else f"data-{corpus}")
+    data_dir = bins_dir(out_dir, corpus)
     meta_path, files = os.path.join(data_dir, "meta.json"), corpus_files(corpus)
     listing = json.dumps({s: [k for k, _ in files[s]] for s in ("train", "val")}).encode()
     fingerprint, tok_hash = hashlib.sha256(listing).hexdigest()[:12], tokenizer_hash()
@@ -291,7 +295,7 @@ if __name__ == "__main__":
     parser.add_argument("--rebuild", action="store_true", help="rebuild bins that are up to date")
     args = parser.parse_args()
     try:  # before minutes of encoding
-        check_writable(os.path.join(args.out_dir, "data", "train.bin"))
+        check_writable(os.path.join(bins_dir(args.out_dir, args.corpus), "train.bin"))
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     meta = prepare(args.out_dir, rebuild=args.rebuild, corpus=args.corpus)

@@ -353,6 +353,8 @@ def test_card_warns_when_the_target_loops(capsys):
         assert ("trust sampled rows (--temperatures 0,1)" in out) == warn  # there are no T=1 rows to trust
     bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 1.0: 0.0})
     assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
+    bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 0.7: 0.0})
+    assert "drafter there; trust the T=0.7 rows\n" in capsys.readouterr().out  # no T=1 rows run
 
 
 def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
@@ -636,3 +638,17 @@ def test_a_hugging_face_folder_without_its_tokenizer_is_one_error_line(weights, 
         bench.main(["--target", str(tmp_path / "hf"), "--methods", "ar", "--temperatures", "0",
                     "--n-prompts", "1", "--max-new-tokens", "2"])
     assert e.value.code == 2 and "tokenizer.json" in capsys.readouterr().err
+
+
+def test_a_prompt_too_long_for_the_trees_headroom_is_refused_before_any_work(capsys):
+    """dflash-tree verifies N + 1 = 33 positions, more than its chain's K + 1 = 16: the early
+    context check counted 16, and the run went on until generate refused the prompt."""
+    import checkpoint
+    text = data.reference_prompts(1)[0]
+    n = len(data.get_encoding().encode_ordinary(text))
+    ctx = checkpoint.load_target(os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")).cfg.max_seq_len
+    flags = ["--methods", "dflash-tree", "--n-prompts", "1", "--temperatures", "0",
+             "--max-new-tokens", str(ctx - n - 16)]
+    with pytest.raises(SystemExit) as e:
+        bench.main(flags)
+    assert e.value.code == 2 and "+ 33 verify positions exceed the context" in capsys.readouterr().err
