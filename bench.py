@@ -2,8 +2,7 @@
 The benchmark (DESIGN.md sec. 8): ar (plain decoding, the baseline), ngram, draft, mtp, eagle,
 dflash and dflash-tree on the same target, prompts, token budget, temperatures, seed and batch
 size, in one table with DFlash's columns (arXiv 2602.06036). It trains nothing: a drafter that is
-missing or another target's is skipped with the command that trains it (or, named in --methods,
-ends the run with it).
+missing or another target's is skipped (named in --methods: ends the run) with how to train it.
 
     python bench.py [--device cuda]                 # the committed weights/cpu, T = 0 and T = 1
     python bench.py --methods ar,ngram,dflash --temperatures 0 --json out/bench.json
@@ -171,8 +170,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
                      for m, d in drafters.items() if d)
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of "
           f"{args.repeats} run(s) after a warm-up")
-    hot = [f"{t:g}" for t in repeats if t > 0]
-    trust = f"the T={'/'.join(hot)} rows" if hot else "sampled rows (--temperatures 0,1)"
+    hot = "/".join(f"{t:g}" for t in repeats if t > 0)
+    trust = f"the T={hot} rows" if hot else "sampled rows (--temperatures 0,1)"
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; code: ~2%)")
         if r > REPEAT_WARN:  # tau at T = 0 flatters every drafter on a target that loops

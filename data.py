@@ -128,15 +128,12 @@ def tokenizer_hash(path=TOKENIZER_PATH):
         return hashlib.sha256(f.read() + PAT_STR.encode()).hexdigest()[:12]
 
 # ----------------------------------------------------------------------------- token bins
-_writes = itertools.count()  # with the pid, a temp name no other writer of the path uses
-
 @contextlib.contextmanager
 def atomic_open(path, mode="w"):
     """A temp file beside path, renamed over it at the end: Ctrl-C never leaves half a file, and
-    two runs that build the same cache side by side (the bins, distilled data) never write one
-    temp file together; the last rename wins, and both wrote the same bytes."""
+    two runs building one cache side by side (bins, distilled data) never share a temp file."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}-{next(_writes)}.tmp"
+    tmp = f"{path}.{os.getpid()}-{time.monotonic_ns()}.tmp"
     try:
         with open(tmp, mode) as f:
             yield f
@@ -145,8 +142,7 @@ def atomic_open(path, mode="w"):
         if os.path.exists(tmp):  # interrupted: no temp file left behind
             os.remove(tmp)
 
-def write_atomic(path, text):
-    """atomic_open's text file (meta.json, bench's JSON)."""
+def write_atomic(path, text):  # meta.json, bench's JSON
     with atomic_open(path) as f:
         f.write(text)
 

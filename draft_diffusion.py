@@ -57,8 +57,7 @@ def feature_layers(n_layer, n_features):
     """n target layers spread evenly over depth, from the first block to the one below the last
     (z-lab and SGLang never read the last: transformers gives it after the final norm, SGLang not
     at all; leaving it out cost nothing here: docs/experiments.md, "The last block's features").
-    The committed weights/cpu/dflash.pt predates this rule: it reads (1, 2, 4, 5, 6), the last
-    block included (checkpoint.saved_config)."""
+    weights/cpu/dflash.pt predates the rule: it reads (1, 2, 4, 5, 6) (checkpoint.saved_config)."""
     top = max(n_layer - 1, 1)
     n_features = min(n_features, top)
     if n_features == 1:

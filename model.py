@@ -122,8 +122,7 @@ class Attention(nn.Module):
         k, v = self.project_kv(x, cos, sin)
         if cache is None:  # training / naive path: plain causal attention over x itself
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:  # write the new keys at each row's own offset, then attend to the whole row
-            # (the cache's write/read/mask: kv_cache.py, file 2 of the reading order)
+        else:  # kv_cache.py (file 2): write the new keys at each row's offset, attend to the row
             cache.write(layer, k, v, pos)
             k, v = cache.read(layer)
             mask = cache.mask() if mask is None else mask

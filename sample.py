@@ -24,8 +24,7 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
-    p.add_argument("-K", "--draft-len", type=int, help="draft tokens per step (default: "
-                   "the drafter's own, 4 for ngram and draft)")
+    p.add_argument("-K", "--draft-len", type=int, help="drafts per step (default: its own, or 4)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     add_drafter_flags(p)
     p.add_argument("--check", action="store_true", help="greedy: compare with model.generate")

@@ -81,10 +81,8 @@ def check_args(args, names, zero_ok=(), positive=()):
 def load_run(resume, out_path, kind):
     """--resume FILE: FILE; --resume alone: this run's .run.pt, or its finished checkpoint when
     there is none (to extend it with a larger --minutes) -> (checkpoint, its path)."""
-    if resume:
-        return load_checkpoint(resume, kind=kind), resume
     run = os.path.splitext(out_path)[0] + ".run.pt"  # out_path is written when the run ends
-    path = out_path if os.path.exists(out_path) and not os.path.exists(run) else run
+    path = resume or (out_path if os.path.exists(out_path) and not os.path.exists(run) else run)
     return load_checkpoint(path, kind=kind), path
 
 
@@ -145,18 +143,14 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
 
 def main(args):
     check_args(args, ["eval_batches"], zero_ok=["mtp_depth", "warmup_steps"])
-
-    def resume(file, out_path):  # the model is the file's, as in nanoGPT: its preset and MTP
-        ck, path = load_run(file, out_path, "target")
+    out = lambda: args.out_path or os.path.join("out", args.preset, "target.pt")
+    ck = path = None
+    if args.resume is not None:  # the model is the file's, as in nanoGPT; so is out/<preset>/
+        ck, path = load_run(args.resume, out(), "target")
         for k in ("preset", "mtp_depth"):
             setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
-        return ck, path
-    # --resume FILE: loaded first, so that its preset names the default out/<preset>/target.pt
-    ck, path = resume(args.resume, None) if args.resume else (None, None)
-    out_path = args.out_path or os.path.join("out", args.preset, "target.pt")
+    out_path = out()
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
-    if args.resume == "":  # --resume alone: the run this command writes
-        ck, path = resume("", out_path)
     args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0) if args.minutes is None else args.minutes
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
@@ -217,8 +211,7 @@ def get_parser():
                    "out/<preset>/target.pt; e.g. out/cpu/draft.pt for the draft model)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
                    help="continue this command's run from its .run.pt (or finished "
-                   "checkpoint), or FILE, whose preset and --mtp-depth win (and name the "
-                   "default --out-path)")
+                   "checkpoint), or FILE (whose preset then names out/<preset>/)")
     g.add_argument("--mtp-depth", type=int, default=0, help="native MTP modules (D, mtp.py)")
     g.add_argument("--corpus", default="small", choices=data.CORPORA, help="data.py's corpus")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if any)")
@@ -236,8 +229,7 @@ def get_parser():
     g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
     g.add_argument("--save-minutes", type=float, default=2.0,
-                   help="minutes between saves to the .run.pt beside the checkpoint (0: only "
-                   "at the end)")
+                   help="minutes between saves to its .run.pt (0: only at the end)")
     return p
 
 

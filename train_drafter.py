@@ -132,9 +132,8 @@ def main(args):
     apply_recipe(args)
     check_args(args, ["n_seqs", "n_val_seqs", "prompt_len", "gen_len", "distill_batch", "mtp_depth",
                       "ttt_steps", "dflash_layers", "anchors"], positive=["loss_decay"])
-    if not all(0 <= t < math.inf for t in args.distill_temperatures):  # NaN fails too
-        raise ValueError(f"--distill-temperatures must be >= 0 and finite, got "
-                         f"{args.distill_temperatures}")
+    if not all(0 <= t < math.inf for t in args.distill_temperatures):  # NaN too
+        raise ValueError("--distill-temperatures must each be >= 0 and finite")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)
@@ -244,8 +243,7 @@ def get_parser():
     g.add_argument("--continuation-only", action="store_true", help="score the target's text only")
     g.add_argument("--features", choices=["once", "step"], default="once",
                    help="the target's hidden states: once, kept in memory (14 GB for 12,288 "
-                   "DFlash sequences of 224), or per batch every step (only the validation "
-                   "set's kept; ~2x a CPU step)")
+                   "DFlash sequences of 224), or per batch every step (val's kept; ~2x a step)")
     g = p.add_argument_group("per method")
     g.add_argument("--mtp-depth", type=int, default=3, help="mtp: number of modules")
     g.add_argument("--ttt-steps", type=int, default=7, help="eagle: training-time-test steps")

@@ -362,8 +362,8 @@ def test_distill_temperatures_are_numbers():
     (["--block-size", "26", "--continuation-only"], r"must be in 2\.\.25"),
     (["--save-minutes", "-1"], "--save-minutes must be >= 0"),
     (["--lr", "-1"], "--lr must be > 0"),
-    (["--distill-temperatures", "0,-1"], "--distill-temperatures must be >= 0 and finite"),
-    (["--distill-temperatures", "nan"], "--distill-temperatures must be >= 0 and finite")])
+    (["--distill-temperatures", "0,-1"], "--distill-temperatures must each be >= 0 and finite"),
+    (["--distill-temperatures", "nan"], "--distill-temperatures must each be >= 0 and finite")])
 def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_path, flags,
                                                                 message):
     """--loss-decay 0 fell back to the default, and a block past the sequence had no labels."""
