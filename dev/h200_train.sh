@@ -8,7 +8,7 @@
 #   TINY=1 DEVICE=cpu WORK=/tmp/h200 bash dev/h200_train.sh /tmp/h200_log  # every step, tiny
 #   DRY_RUN=1 bash dev/h200_train.sh     # print the commands only (tests/test_dev.py parses them)
 #   FROM_WEIGHTS=weights/cpu DRAFTER_MINUTES=4.3 bash dev/h200_train.sh   # a second session
-#   FROM_WEIGHTS=weights/cpu N_SEQS=65536 DRAFTER_MINUTES=2.8 bash dev/h200_train.sh  # better
+#   FROM_WEIGHTS=weights/cpu N_SEQS=65536 DRAFTER_MINUTES=2.8 bash dev/h200_train.sh  # more data
 #
 # A second session, once a first one's target is committed: FROM_WEIGHTS names a folder whose
 # target.pt and draft.pt are used as they are (no target or draft-model training), so the
@@ -16,9 +16,10 @@
 # distinct continuations once it would see each one more than ~5 times (on the CPU, 31 passes
 # stalled while 5.2 and 1.3 passes gave one curve; docs/experiments.md, "Drafters against the
 # interim target"): at the guessed rate 4.3 minutes on 16,384 are ~20 passes, 2.8 minutes on
-# 65,536 ~3. N_SEQS (default 16,384) sets how many; the distill step's limit grows with it
-# (30 s per 16,384: size it by the first session's measured rate, the `distill (train)` lines
-# of h200_train.txt).
+# 65,536 ~3 (by held-out loss: on the CPU 8x the continuations lowered it 0.28 and left tau as
+# it was, docs/experiments.md). N_SEQS (default 16,384) sets how many; the distill step's limit
+# grows with it (30 s per 16,384: size it by the first session's measured rate, the
+# `distill (train)` lines of h200_train.txt).
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
