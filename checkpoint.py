@@ -4,8 +4,8 @@ Checkpoints: save, load and hash them; load the target, and a drafter by method 
 A checkpoint is a torch.save'd dict: kind ("target", "mtp", "eagle", "dflash"), config,
 state_dict, args (the trainer's flags); a target's also the tokenizer's hash, a drafter's the
 target_hash (weights_hash) of the target it was trained for, so that a drafter never runs
-against another target. A Hugging Face Qwen3 folder
-or a z-lab DFlash folder loads wherever a checkpoint does (interop.py).
+against another target. A Hugging Face Qwen3 folder or a z-lab DFlash folder loads wherever a
+checkpoint does (interop.py).
 """
 
 import hashlib
