@@ -28,7 +28,7 @@ import data
 import dflash_kernels as kernels
 from checkpoint import (METHODS, add_drafter_flags, drafter_options, get_device, load_drafter,
                         load_target, load_tokenizer)
-from speculate import generate
+from speculate import generate, headroom
 from train import check_args as check_flags
 
 REPEAT_WARN = 0.15  # a target repeating more of its 8-grams loops (real code: ~2 %, DESIGN sec. 2)
@@ -311,9 +311,7 @@ def main(argv=None):
           else getattr(d, "default_K", args.K) for m, d in drafters.items()}
     enc = checked(load_tokenizer, args.target)  # once: a Hugging Face one is parsed from JSON
     prompts = [enc.encode_ordinary(t) for t in texts]
-    # generate's headroom: K + 1 positions a verify pass, a tree's N + 1 if more
-    n_verify = 1 + max(max(Ks[m], d.tree.N if m == "dflash-tree" else 0)
-                       for m, d in drafters.items())
+    n_verify = max(headroom(Ks[m], getattr(d, "tree", None)) for m, d in drafters.items())
     for i, (t, ids) in enumerate(zip(texts, prompts), 1):
         if len(ids) + args.max_new_tokens + n_verify > target.cfg.max_seq_len:
             die(f"prompt {i} of {source} ({t[:40]!r}...): {len(ids)} tokens + {args.max_new_tokens}"

@@ -108,12 +108,11 @@ class DFlash(nn.Module):
         return torch.stack(k), torch.stack(v)
 
     def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
-        """The drafter proper: each Block's forward rebuilt, its attention over the context K/V
-        and then the block's own (Block.forward is never called). x (B, S, C) block embeddings
-        at positions pos (B, S); ctx_k/v (L, B, H, T_ctx, D) rotated context keys/values per
-        layer (or a sequence of L such); mask (B, 1, 1, T_ctx + S), the same for every query of
-        a block (inference hides each row's unused context slots), or None (every query sees
-        every key). In training, B is batch x anchors.
+        """The drafter proper (Block.forward rebuilt: context K/V first, then the block's own).
+        x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v (L, B, H, T_ctx, D) rotated
+        context keys/values per layer (or a sequence of L such); mask (B, 1, 1, T_ctx + S), the
+        same for every query of a block (inference hides each row's unused context slots), or
+        None (every query sees every key). In training, B is batch x anchors.
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):

@@ -219,6 +219,12 @@ def static_step(target, B):
     return compiled(target.forward, target, w.device), static[key]
 
 
+def headroom(K, tree=None):
+    """Positions a row needs past prompt and budget: done or not, it rides along in a verify pass
+    over K+1 positions from n-1 (a tree's N+1, if more); the commit writes up to column n+K."""
+    return max(K, tree.N if tree is not None else 0) + 1
+
+
 @torch.no_grad()
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
 def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, top_k=None,
@@ -246,9 +252,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
-    # NOTE: a row at its budget, finished or not, still rides along in a verify pass over K+1
-    # positions from n-1 (a tree's N+1), and the commit writes up to column n+K: the headroom
-    room = K + 1 if tree is None else max(K, tree.N) + 1
+    room = headroom(K, tree)
     T_max = longest + max_new_tokens + room
     if T_max > target.cfg.max_seq_len:
         raise ValueError(f"longest prompt ({longest} tokens) + {max_new_tokens} new tokens + "

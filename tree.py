@@ -37,10 +37,9 @@ def build_tree(q, N, max_children=None, g=None):
     added, a parent first (node 0 is the root: parents index [root] + nodes). A node's children
     are the next slot's tokens, best first: greedy (g None) by q, alike at a depth; sampling by
     log q + Gumbel noise of the node's own, a draw without replacement (noise shared by a depth
-    biased the output). A path scores the sum of its nodes' scores. Sampling, a perturbed score
-    is independent of which token holds it (Gumbel-max), so which nodes get in says nothing of
-    their tokens and each node's children stay draws from q; ranked by log q alone the tree
-    would favour likely tokens, and the output would be biased.
+    biased the output). A path scores the sum of its nodes'. A perturbed score is independent of
+    its token (Gumbel-max), so which nodes get in says nothing of their tokens and children stay
+    draws from q (ranked by log q alone, the tree would favour likely tokens: biased).
     The heap holds each node's next sibling and first child: each pop adds the best node left."""
     D, V = q.shape
     k = min(max_children or N, V)
@@ -153,8 +152,8 @@ class DraftTree:
         for b, path in enumerate(paths):
             idx[b, :len(path)] = torch.tensor(path, device=dev)
             # compaction: the path's entries (at slots base + node) move to base + 1, base + 2, ...
-            src = base[b] + idx[b, 1:len(path)]
-            dst = base[b] + torch.arange(1, len(path), device=dev)
+            pos = torch.arange(1, len(path), device=dev)                # depths 1, 2, ...
+            src, dst = base[b] + idx[b, pos], base[b] + pos
             cache.k[:, b, :, dst] = cache.k[:, b, :, src]
             cache.v[:, b, :, dst] = cache.v[:, b, :, src]
         # as the chain loop takes them: the path's tokens, then 0 where the tree had a node it
