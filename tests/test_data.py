@@ -19,6 +19,8 @@ import data
 from data import EOT, MASK
 from dev import tokenizer  # draws the committed prompts
 
+REFERENCE_ENV = (sys.version.split()[0], torch.__version__.split("+")[0], np.__version__)
+
 
 @pytest.fixture(scope="module")
 def enc():
@@ -154,7 +156,7 @@ def test_reference_prompts_are_the_committed_file(enc):
 
 
 # versions alone: another build of the same versions could ship other files (not seen)
-@pytest.mark.skipif((sys.version.split()[0], torch.__version__.split("+")[0], np.__version__) != data.REFERENCE_VERSIONS,
+@pytest.mark.skipif(REFERENCE_ENV != data.REFERENCE_VERSIONS,
                     reason=f"the committed prompts were drawn with Python, torch, numpy {data.REFERENCE_VERSIONS}")
 def test_reference_prompts_are_what_the_reference_environment_draws():
     assert data.reference_prompts(data.N_REFERENCE_PROMPTS) == tokenizer.heldout_prompts(data.N_REFERENCE_PROMPTS)
@@ -417,9 +419,6 @@ def test_the_broad_corpus_holds_other_packages_and_keeps_small_as_its_prefix():
     digests = [data.sha1_of(p) for p in added]
     small_digests = {data.sha1_of(p) for split in small.values() for _, p in split}
     assert len(set(digests)) == len(digests) and not set(digests) & small_digests
-
-
-REFERENCE_ENV = (sys.version.split()[0], torch.__version__.split("+")[0], np.__version__)
 
 
 @pytest.mark.skipif(REFERENCE_ENV != data.REFERENCE_VERSIONS,  # other torch: other files
