@@ -244,7 +244,7 @@ def get_parser():
 def check_args(args):
     """Before any work -> temperatures, methods (ar first), drafter options."""
     try:
-        temps = [*dict.fromkeys(map(float, args.temperatures.split(",")))]
+        temps = [*dict.fromkeys(float(t) + 0.0 for t in args.temperatures.split(","))]  # -0: 0
     except ValueError as e:
         die(f"--temperatures must be a comma list of numbers ({e})")
     if not all(0 <= t < float("inf") for t in temps):  # NaN too
@@ -281,12 +281,11 @@ def main(argv=None):
     args.compile = device.type == "cuda" if args.compile is None else args.compile
     if dtype != torch.float32 and device.type != "cuda":
         die("--dtype bfloat16 needs --device cuda")
-    if args.json:  # before the run, not after
+    if args.json is not None:  # before the run, not after ("" too)
         checked(data.check_writable, args.json, flag="--json ")
     print(f"bench: device {device} ({'given' if args.device else 'auto-detected'}), dtype "
           f"{args.dtype}, target {args.target}, drafters from {args.weights}")
     target = checked(load_target, args.target, device=device, dtype=dtype)
-    # a drafter that cannot load is skipped with why and how to train it, or ends a --methods run
     drafters = {}
     flags = {"dflash": ("--block-size", args.block_size), "mtp": ("--mtp-draft", args.mtp_draft)}
     for m in methods:
@@ -316,10 +315,7 @@ def main(argv=None):
         if len(ids) + args.max_new_tokens + n_verify > target.cfg.max_seq_len:
             die(f"prompt {i} of {source} ({t[:40]!r}...): {len(ids)} tokens + {args.max_new_tokens}"
                 f" new + {n_verify} verify positions exceed the context ({target.cfg.max_seq_len})")
-    try:
-        results = bench_rows(target, drafters, Ks, prompts, temps, args.batch_size, args)
-    except ValueError as e:  # generate's own checks
-        die(str(e))
+    results = checked(bench_rows, target, drafters, Ks, prompts, temps, args.batch_size, args)
     preset = (getattr(target, "ckpt", {}).get("args") or {}).get("preset", "unknown")  # trained as
     tinfo = dict(path=args.target, preset=preset, params=target.n_params())
     print_card(args, device, tinfo, drafters, Ks, source, len(prompts),
@@ -335,8 +331,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
+    with data.one_line_errors():  # bad input has ended in die() already: this is for Ctrl-C
         main()
-    except KeyboardInterrupt:  # the JSON is written temp-then-rename
-        print("\ninterrupted: nothing half-written was left behind", file=sys.stderr)
-        sys.exit(130)

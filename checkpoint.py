@@ -18,7 +18,7 @@ import torch
 
 import data
 import interop
-from draft_diffusion import DFlash, DFlashDrafter, feature_layers
+from draft_diffusion import DFlash, DFlashDrafter
 from draft_eagle import Eagle, EagleDrafter
 from draft_simple import ModelDrafter, NgramDrafter
 from model import Config, Transformer
@@ -69,15 +69,6 @@ def load_checkpoint(path, kind=None):
     return ckpt
 
 
-def saved_config(ck, cfg):
-    """A drafter checkpoint's constructor arguments for target config cfg. A DFlash saved before
-    checkpoints named their target layers gets the rule it was trained by (up to the last)."""
-    if ck.get("kind") == "dflash" and "hidden_layers" not in ck["config"]:
-        n = ck["config"].get("n_features", 5)
-        return {**ck["config"], "hidden_layers": feature_layers(cfg.n_layer + 1, n)}
-    return ck["config"]
-
-
 def get_device(name=None):
     """--device NAME -> torch.device; None picks cuda when there is one."""
     try:
@@ -93,19 +84,27 @@ def get_device(name=None):
     return device
 
 
+def finite(model, where, params=None):
+    """NaN or inf weights (a damaged file, a diverged run) give NaN logits: greedy picks token 0,
+    a draw fails far from the cause. Refused in one line, at load and before a save."""
+    if not all(bool(p.isfinite().all()) for p in params or model.parameters()):
+        raise ValueError(f"{where}: the weights are not all finite (NaN or inf)")
+    return model
+
+
 def load_target(path, device="cpu", dtype=torch.float32):
     """A target checkpoint trained with our tokenizer, or a Hugging Face Qwen3 folder."""
     if os.path.isdir(path):
-        return interop.readable(interop.load_hf_target, path, device, dtype)
+        return finite(interop.readable(interop.load_hf_target, path, device, dtype), path)
     ckpt = load_checkpoint(path, kind="target")
     if ckpt.get("tokenizer") != data.tokenizer_hash():
         raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
                          f"but tokenizer.tiktoken is {data.tokenizer_hash()}; retrain the target")
-    model = Transformer(Config(**ckpt["config"]))
+    model = Transformer(interop.readable(lambda _: Config(**ckpt["config"]), path))
     model.load_state_dict({k: v.float() for k, v in ckpt["state_dict"].items()})
     model.to(device=device, dtype=dtype).eval()
     model.ckpt = ckpt  # keep args, native mtp heads, etc. for whoever needs them
-    return model
+    return finite(model, path)
 
 
 def load_tokenizer(target_path):
@@ -147,10 +146,10 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
                              f"({th}); retrain it with train_drafter.py --method {kind}")
-        model = FEATURE_DRAFTERS[kind](target.cfg, **saved_config(ck, target.cfg))
+        model = FEATURE_DRAFTERS[kind](target.cfg, **ck["config"])
         sd = ck["state_dict"]
     model.load_state_dict({k: v.float() for k, v in sd.items()})
-    model.to(target.head.weight).eval()  # the target's device and dtype
+    finite(model, src).to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())
     layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
     print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")

@@ -13,7 +13,7 @@ every machine tokenizes and benches alike. Bins: flat np.uint16 streams, as in n
     python data.py --corpus all   # the broad corpus, into out/data-all/
 """
 import argparse, base64, contextlib, functools, hashlib, importlib.util, itertools, json, os
-import sys, sysconfig, textwrap, time
+import sys, sysconfig, tempfile, textwrap, time
 
 import numpy as np
 import tiktoken
@@ -67,8 +67,7 @@ def sha1_of(path):
 def corpus_files(corpus="small"):
     """{"train": [...], "val": [...], "ood": [...]} of (key, path) in a fixed order: the stdlib,
     torch and numpy, each sorted by key; for "all" then the other installed files, sorted by key,
-    those of OOD_PACKAGES in "ood" (never trained on, never in "val"; copies that other packages
-    vendor, in none)."""
+    those of OOD_PACKAGES in "ood" (never trained on, never in "val"; vendored copies: in none)."""
     if corpus not in CORPORA:
         raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     roots = [("stdlib", sysconfig.get_paths()["stdlib"])] + [  # find_spec does not import
@@ -259,16 +258,30 @@ def out_dir_for(folder):
     return os.path.join(DATA_OUT, os.path.basename(full), "weights")
 
 def check_writable(path):
-    """Refuse an output file that cannot be written, before the run, creating nothing: the
-    nearest existing folder above it must be a writable folder (save_checkpoint makes the rest)."""
-    if os.path.isdir(path) or path.endswith(os.sep):
-        raise ValueError(f"{path}: is a folder; name a file")
+    """Refuse an output file that cannot be written, before the run, leaving nothing: a file
+    must be creatable in the nearest existing folder above it (save_checkpoint makes the rest).
+    Tried, not asked (os.access): root passes every permission test, not a read-only mount."""
+    if os.path.isdir(path) or path.endswith(os.sep) or not path:
+        raise ValueError(f"{path or repr(path)}: is a folder or empty; name a file")
     d = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(d):
         d = os.path.dirname(d)
-    if not (os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)):
-        why = "not writable" if os.path.isdir(d) else "a file, not a folder"
-        raise ValueError(f"{path}: cannot write there ({d} is {why})")
+    try:
+        tempfile.TemporaryFile(dir=d).close()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write there ({d}: {e.strerror})") from None
+
+@contextlib.contextmanager
+def one_line_errors():
+    """A command's bad input (a flag, a path, a checkpoint) ends in one line, as does Ctrl-C:
+    every output is written temp-then-rename, and the trainers save their steps first."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}") from None
+    except KeyboardInterrupt as e:  # the trainers' says where they saved
+        print("\ninterrupted:", str(e) or "nothing half-written was left behind", file=sys.stderr)
+        raise SystemExit(130) from None
 
 class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
     """--help shows each flag's default, unless its text already speaks of one or there is none
@@ -290,11 +303,9 @@ if __name__ == "__main__":
     parser.add_argument("--out-dir", default=DATA_OUT, help="bins into OUT_DIR/data/ (data-all/)")
     parser.add_argument("--rebuild", action="store_true", help="rebuild bins that are up to date")
     args = parser.parse_args()
-    try:  # before minutes of encoding
+    with one_line_errors():  # the check before minutes of encoding
         check_writable(os.path.join(bins_dir(args.out_dir, args.corpus), "train.bin"))
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
-    meta = prepare(args.out_dir, rebuild=args.rebuild, corpus=args.corpus)
+        meta = prepare(args.out_dir, rebuild=args.rebuild, corpus=args.corpus)
     print(f"corpus: {args.corpus}, {sum(meta['files'].values()):,} files (tests excluded; stdlib "
           f"of {sysconfig.get_paths()['stdlib']}): {meta['tokens']['train']:,} train tokens, "
           f"{meta['tokens']['val']:,} val, tokenizer {meta['tokenizer_hash']}")

@@ -48,8 +48,7 @@ import dflash_kernels as kernels
 from draft_simple import confidence, cut_unsure, draft_token
 from model import Block, RMSNorm, apply_rope
 
-# loss decay per block size S (paper); train_drafter's recipe passes 4 at every block size
-# (for S = 16 it beat 7)
+# the paper's loss decay per block size S; train_drafter's recipe passes 4 (at S = 16 it beat 7)
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -57,7 +56,7 @@ def feature_layers(n_layer, n_features):
     """n target layers spread evenly over depth, from the first block to the one below the last
     (z-lab and SGLang never read the last: transformers gives it after the final norm, SGLang not
     at all; leaving it out cost nothing here: docs/experiments.md, "The last block's features").
-    weights/cpu/dflash.pt predates the rule: it reads (1, 2, 4, 5, 6) (checkpoint.saved_config)."""
+    weights/cpu/dflash.pt predates the rule: it names its own, (1, 2, 4, 5, 6)."""
     top = max(n_layer - 1, 1)
     n_features = min(n_features, top)
     if n_features == 1:
@@ -139,19 +138,16 @@ class DFlash(nn.Module):
         S, dev = self.block_size, tokens.device
         A = anchors.shape[1]
         pos = anchors[:, :, None] + torch.arange(S, device=dev)             # (B, A, S)
-        # block inputs: x_a at slot 0, <|mask|> elsewhere
         blk = torch.full((B, A, S), self.mask_id, device=dev)
-        blk[:, :, 0] = tokens.gather(1, anchors)
+        blk[:, :, 0] = tokens.gather(1, anchors)  # block inputs: x_a at slot 0, <|mask|> elsewhere
         x = target.embed(blk).flatten(0, 1)                                  # (B*A, S, C)
-        # context K/V for all T positions, rotated at their own positions, shared by the
-        # A blocks of each sequence
+        # context K/V of all T positions, rotated at their own, shared by a sequence's A blocks
         ck, cv = self.context_kv(self.context(feats))                       # (L, B, T, H, D)
         ccos, csin = target.rope(torch.arange(T, device=dev).expand(B, T))
         ck = apply_rope(ck.transpose(2, 3), ccos, csin)                     # (L, B, H, T, D)
         cv = cv.transpose(2, 3)
         L, _, H, _, D = ck.shape
-        # (unbind, not ck[i] later: indexing a stacked tensor backpropagates through L
-        # zero-filled copies)
+        # unbind (not ck[i] later): indexing a stack backpropagates through L zero-filled copies
         ck = ck[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
         cv = cv[:, :, None].expand(L, B, A, H, T, D).reshape(L, B * A, H, T, D).unbind(0)
         # a block anchored at a sees context j < a (strictly!) and all of its own block: at
@@ -193,8 +189,7 @@ class DFlash(nn.Module):
         return loss, {"agree": hit.sum((0, 1)).cpu(), "count": valid.sum((0, 1)).cpu()}
 
 
-# -----------------------------------------------------------------------------
-# inference
+# ---------------------------------------------------------------------------------------- inference
 
 def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     """Write each row's new context K/V into the cache at its own offset, RoPE on K at the
@@ -219,8 +214,7 @@ def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
 
 
 def kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
-    """The fused kernel where the CUDA extension serves the cache (a GPU, a dtype it takes),
-    else kv_inject_ref; the same arguments, in place."""
+    """kv_inject_ref, or its fused kernel where the extension takes the cache (GPU, KV_DTYPES)."""
     if kernels.available(cache_k.device) and cache_k.dtype in kernels.KV_DTYPES:
         kernels.kv_inject(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin)
     else:
@@ -257,8 +251,7 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        """Project the newly fed positions' features and inject them into every layer's
-        context cache at each row's own offset (RoPE applied at the absolute positions)."""
+        """The newly fed positions' context K/V into every layer's cache at the row's offset."""
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
         kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos,
                   self.target.rope_sin)
@@ -293,12 +286,10 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        # a block of K+1 slots, though training fills the whole block (16 here): running all of it
-        # and keeping K drafts accepts up to ~5 % more but costs more than that on a CPU
-        # (docs/experiments.md)
+        # K+1 slots, though training fills the whole block (16 here): running it all and keeping K
+        # drafts accepts up to ~5 % more but costs more than that on a CPU (docs/experiments.md)
         S = min(K, self.max_K) + 1
         logits = self.block_logits(tokens, n, S)[:, 1:]    # slot 0 holds x_s, already known
-        # when sampling, independent draws from each slot's own q (B, S-1, V)
         d, q = draft_token(logits, temperature, top_k, generator, self.sample)
         if self.confidence > 0:  # keep slot i while the confidences before it multiply to >= C
             d, q = cut_unsure(d, q, confidence(logits, d).cumprod(1), self.confidence)

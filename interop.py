@@ -74,8 +74,8 @@ def read_config(folder, architecture):
                          f"activation other than silu are not supported")
     if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
         raise ValueError(f"{path}: RoPE scaling {rope or c.get('rope_scaling')} is not supported")
-    fields = {**c, "rope_theta": float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-              "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]}
+    fields = {**c, "rope_theta": rope.get("rope_theta", c.get("rope_theta", 10000.0)),
+              "head_dim": c.get("head_dim") or 0}  # model.Config checks each field's type
     return c, {ours: fields[theirs] for ours, theirs in QWEN3_NAMES.items()}
 
 

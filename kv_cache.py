@@ -50,8 +50,7 @@ class KVCache:
         # reads the lengths back, so it runs only where that is free: a CPU, not compiling
         free = not (self.lengths.is_cuda or torch.compiler.is_compiling())
         if T > self.max_len or (free and int(self.lengths.max()) + T > self.max_len):
-            raise ValueError(f"KV cache overflow: {T} new positions exceed max_len "
-                             f"{self.max_len}")
+            raise ValueError(f"KV cache overflow: {T} new positions exceed max_len {self.max_len}")
         pos = self.lengths[:, None] + torch.arange(T, device=self.lengths.device)  # (B, T)
         # query t of row b sees key j iff j <= lengths[b] + t: keys after the query's own
         # position are hidden, the row's later new tokens (causal) and, past lengths[b] + T,

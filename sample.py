@@ -33,13 +33,13 @@ def main(argv=None):
     p.add_argument("--weights", metavar="DIR", help="drafter's folder (default: the target's)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if any)")
     args = p.parse_args(argv)
-    try:  # bad input ends in one line
+    with data.one_line_errors():
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
         options = drafter_options(args, p, [args.method])
+        target = load_target(args.target, device=get_device(args.device))  # its error first
         enc = load_tokenizer(args.target)  # a Hugging Face folder brings its own
         prompt = enc.encode_ordinary(args.prompt)
-        target = load_target(args.target, device=get_device(args.device))
         drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.target),
                                **options)
         t0 = time.perf_counter()
@@ -47,8 +47,6 @@ def main(argv=None):
                             K=args.draft_len, temperature=args.temperature, top_k=args.top_k,
                             seed=args.seed)
         dt = time.perf_counter() - t0
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
     print(args.prompt + enc.decode(outs[0]))
     acc = " ".join(f"{a:.2f}" for a in st["acceptance_per_position"])
     print(f"\n[{args.method}] tau {st['tau']:.2f} | {st['new_tokens'] / dt:.1f} tok/s | "

@@ -50,13 +50,11 @@ from model import DECODING_ATTENTION, draw, logits_to_probs
 NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never accepted, q = 0 there
 
 
-# -----------------------------------------------------------------------------
-# the simplest version: one prompt, no checks, no statistics
+# --------------------------------------- the simplest version: one prompt, no checks, no statistics
 
 @torch.no_grad()
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
-def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperature=0.0,
-                 seed=None):
+def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperature=0.0, seed=None):
     """The whole loop for one prompt (list of ids) -> its new tokens. The tests hold it equal to
     generate below token for token, greedy and sampled (same seed, same random draws)."""
     device, layers = target.head.weight.device, tuple(getattr(drafter, "hidden_layers", ()))
@@ -97,8 +95,7 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
     return tokens[0, P:P + max_new_tokens].tolist()
 
 
-# -----------------------------------------------------------------------------
-# the acceptance rule
+# ------------------------------------------------------------------------------ the acceptance rule
 
 def accept_scan_ref(p, drafts, q=None, uniforms=None):
     """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
@@ -158,15 +155,13 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
-    """The fused kernel (dflash_kernels/accept_scan.cu) where the extension serves p's device
-    (a GPU), else the reference above. Same arguments, same results."""
+    """accept_scan_ref, or its fused kernel where the extension serves p's device (a GPU)."""
     if kernels.available(p.device):
         return kernels.accept_scan(p, drafts, q, uniforms)
     return accept_scan_ref(p, drafts, q, uniforms)
 
 
-# -----------------------------------------------------------------------------
-# the loop: a batch of ragged rows, continuous batching, checks and statistics
+# --------------------- the loop: a batch of ragged rows, continuous batching, checks and statistics
 
 class StepClock:
     """Where the loop's time goes, with no host sync: mark(part) charges the time since the last

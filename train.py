@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import data
-from checkpoint import get_device, load_checkpoint, save_checkpoint
-from data import DefaultsHelp, check_writable
+from checkpoint import finite, get_device, load_checkpoint, save_checkpoint
+from data import DefaultsHelp, check_writable, one_line_errors
 from model import PRESETS, Config, Transformer
 from mtp import MTP
 
@@ -75,8 +75,7 @@ def check_args(args, names, zero_ok=(), positive=()):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-# -----------------------------------------------------------------------------
-# the loop and its resume, shared with train_drafter.py
+# -------------------------------------------- the loop and its resume, shared with train_drafter.py
 
 def load_run(resume, out_path, kind):
     """--resume FILE: FILE; --resume alone: this run's .run.pt, or its finished checkpoint when
@@ -92,8 +91,7 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
     the lr to lr_fn(fraction done, step) and step on train_step(step) -> (loss, its log text as a
     callable: only printed steps sync), clipped at norm 1.0 (both recipes'). Print report() every
     --eval-every steps. Save fields() and what a resume restores (weights, optimizer, step, clock)
-    to out_path's .run.pt (target.pt: target.run.pt) every --save-minutes, and at the end to
-    out_path."""
+    to out_path's .run.pt every --save-minutes and on Ctrl-C, and at the end to out_path."""
     step, elapsed = (ck.get("step", 0), ck.get("elapsed", 0.0)) if ck else (0, 0.0)
     if ck:
         model.load_state_dict(ck["state_dict"])
@@ -108,32 +106,35 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
     text = lambda: "no step left: raise --minutes or --max-steps to go on"  # a finished run
 
     def save(path):  # never a diverged model (an --lr too high): the last save stays as it was
-        if not all(bool(p.isfinite().all()) for p in params):
-            raise ValueError(f"the weights are not finite at step {step} (--lr too high?): "
-                             f"{path} not written")
+        finite(model, f"step {step} (--lr too high?), {path} not written", params)
         save_checkpoint(path, dict(fields(), args=vars(args), tokenizer=data.tokenizer_hash(),
                                    state_dict=model.state_dict(), optimizer=opt.state_dict(),
                                    step=step, elapsed=time.time() - t_start))
-    while (frac := max((time.time() - t_start) / budget,
-                       step / args.max_steps if args.max_steps else 0.0)) < 1.0:
-        lr = lr_fn(frac, step)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss, text = train_step(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        if step % args.eval_every == 0 or step == 1:
-            used = time.time() - t_start  # the run ends at its budget or at --max-steps, first
-            by_steps = (args.max_steps - step) * used / step if args.max_steps else math.inf
-            eta = max(min(budget - used, by_steps), 0)  # 0: the last step ran past the budget
-            print(f"step {step:5d} | {text()} | {report()} | lr {lr:.2e} | "
-                  f"ETA {eta / 60:.1f} min", flush=True)
-        if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
-            save(run_file)
-            t_saved = time.time()
+    try:
+        while (frac := max((time.time() - t_start) / budget,
+                           step / args.max_steps if args.max_steps else 0.0)) < 1.0:
+            lr = lr_fn(frac, step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss, text = train_step(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            if step % args.eval_every == 0 or step == 1:
+                used = time.time() - t_start  # the run ends at its budget or at --max-steps, first
+                by_steps = (args.max_steps - step) * used / step if args.max_steps else math.inf
+                eta = max(min(budget - used, by_steps), 0)  # 0: the last step ran past the budget
+                print(f"step {step:5d} | {text()} | {report()} | lr {lr:.2e} | "
+                      f"ETA {eta / 60:.1f} min", flush=True)
+            if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
+                save(run_file)
+                t_saved = time.time()
+    except KeyboardInterrupt:  # Ctrl-C keeps the steps so far, to go on from
+        save(run_file)
+        raise KeyboardInterrupt(f"step {step} saved to {run_file}; the same command with "
+                                "--resume goes on") from None
     print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | {report()}")
     save(out_path)  # with the optimizer: --resume can extend it
     if os.path.exists(run_file):
@@ -147,8 +148,12 @@ def main(args):
     ck = path = None
     if args.resume is not None:  # the model is the file's, as in nanoGPT; so is out/<preset>/
         ck, path = load_run(args.resume, out(), "target")
-        for k in ("preset", "mtp_depth"):
-            setattr(args, k, ck.get("args", {}).get(k, getattr(args, k)))
+        for k in ("preset", "mtp_depth"):  # a flag given against the file's is refused
+            saved = ck.get("args", {}).get(k, getattr(args, k))
+            if getattr(args, k) not in (saved, get_parser().get_default(k)):
+                raise ValueError(f"--{k.replace('_', '-')} {getattr(args, k)}: {path} is "
+                                 f"{saved} (a resumed run keeps its model)")
+            setattr(args, k, saved)
     out_path = out()
     check_writable(out_path)  # a folder or an unwritable path fails here, not after the training
     args.minutes = DEFAULT_MINUTES.get(args.preset, 8.0) if args.minutes is None else args.minutes
@@ -234,8 +239,5 @@ def get_parser():
 
 
 if __name__ == "__main__":
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input (flag, device, checkpoint): one line
-        raise SystemExit(f"error: {e}")
+    with one_line_errors():
+        main(get_parser().parse_args())

@@ -25,9 +25,8 @@ import torch
 
 import data
 import speculate
-from checkpoint import (get_device, load_target, load_tokenizer, save_checkpoint, saved_config,
-                        weights_hash)
-from data import DefaultsHelp, check_writable
+from checkpoint import get_device, load_target, load_tokenizer, save_checkpoint, weights_hash
+from data import DefaultsHelp, check_writable, one_line_errors
 from draft_diffusion import DFlash
 from draft_eagle import Eagle
 from mtp import PostHocMTP
@@ -155,11 +154,16 @@ def main(args):
         ck, resume = load_run(args.resume, path, args.method)
         if ck.get("target_hash") != th:
             raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, not {th}")
+        unset = model_config(apply_recipe(get_parser().parse_args(["--method", args.method])))
+        saved = ck["config"]  # a flag given against the file's is refused
+        if bad := [k for k, v in model_config(args).items() if v not in (unset[k], saved[k])]:
+            raise ValueError(f"{resume} keeps its own " + ", ".join(f"{k} {saved[k]}" for k
+                             in bad) + " (a resumed run keeps its model): leave those flags out")
     check_writable(path)
     train, val = (x.to(device) for x in get_distill_data(target, args, th, hf_enc))  # (N, T) ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
 
-    config = saved_config(ck, target.cfg) if ck else model_config(args)
+    config = saved if ck else model_config(args)
     model = MODELS[args.method](target.cfg, **config).to(device)
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "
@@ -256,8 +260,5 @@ def get_parser():
 
 
 if __name__ == "__main__":
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input (flag, device, target): one line
-        raise SystemExit(f"error: {e}")
+    with one_line_errors():
+        main(get_parser().parse_args())

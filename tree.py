@@ -88,8 +88,8 @@ class DraftTree:
 
     def __init__(self, N, max_children=None):
         if not N >= 1 or not (max_children or 1) >= 1:
-            raise ValueError(f"a draft tree needs N >= 1 nodes and max_children >= 1, got {N}, "
-                             f"{max_children}")
+            raise ValueError(f"a draft tree needs N >= 1 nodes (--tree) and max_children >= 1 "
+                             f"(None: any), got N={N}, max_children={max_children}")
         self.N, self.max_children = N, max_children
 
     @torch.no_grad()
@@ -160,7 +160,6 @@ class DraftTree:
         # did not accept (counted as drafted), NO_DRAFT (-1) past the tree's depth
         i = torch.arange(D, device=dev)
         path_tok = tok.gather(1, (idx[:, 1:] - 1).clamp(min=0))
-        drafts = torch.where(i < n_acc[:, None], path_tok,
-                             torch.where(i < depth[:, None], 0, -1))
+        drafts = torch.where(i < n_acc[:, None], path_tok, torch.where(i < depth[:, None], 0, -1))
         hidden = [h.gather(1, idx[..., None].expand(-1, -1, h.shape[-1])) for h in hidden]
         return drafts, n_acc, torch.tensor(nxt, device=dev), hidden

@@ -31,9 +31,9 @@
 #   cat weights.tar.part-* | tar -x -C weights/cpu
 # Rehearsed with the TINY set in place: 7 tests read the committed weights' values and fail
 # until re-measured: tests/test_checkpoint.py's CASES (each tau and a floor ~0.7x it; the
-# failure message prints the tau) and its test of a DFlash saved without its layers, which goes
-# with checkpoint.saved_config's shim (the new dflash.pt names them), as does the line on the
-# old one in draft_diffusion.feature_layers' docstring; tests/test_bench.py's default target
+# failure message prints the tau) and its test that the committed DFlash names the layers it
+# was trained on (1, 2, 4, 5, 6; the new one reads (1, 2, 3, 4, 5)), as does the line on it in
+# draft_diffusion.feature_layers' docstring; tests/test_bench.py's default target
 # (preset "ref"); the README drafter's `greedy tau` (tests/test_speculate.py prints it). Then
 # the README's table, its reading and its weights/ line (no interim).
 # The full checkpoints (with their optimizers) and the distilled data stay in WORK (default

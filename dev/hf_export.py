@@ -21,7 +21,7 @@ import os
 import sys
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a file (python dev/hf_export.py)
@@ -37,12 +37,13 @@ def save_folder(module, names, cfg, folder, dtype, **extra):
     c = {theirs: getattr(cfg, ours) for ours, theirs in QWEN3_NAMES.items()}
     c.update(hidden_act="silu", attention_bias=False, tie_word_embeddings=cfg.tie_embeddings,
              model_type="qwen3")
-    os.makedirs(folder, exist_ok=True)
-    sd = module.state_dict()
-    save_file({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
-              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**c, **extra, "torch_dtype": str(dtype)[6:]}, f, indent=1)
+    sd = module.state_dict()  # each file temp-then-rename, and readable by all (save_file: 0600)
+    blob = save({theirs: sd[k].to(dtype).contiguous() for k, theirs in names.items()},
+                metadata={"format": "pt"})
+    with data.atomic_open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(blob)
+    data.write_atomic(os.path.join(folder, "config.json"),
+                      json.dumps({**c, **extra, "torch_dtype": str(dtype)[6:]}, indent=1))
 
 
 def save_hf_target(model, folder, dtype=torch.bfloat16, **extra):
@@ -82,12 +83,10 @@ def save_hf_tokenizer(enc, folder, pattern, eos=None):
                          end_of_word_suffix=None, fuse_unk=False, byte_fallback=False,
                          ignore_merges=False, vocab={spell(t): i for t, i in ranks.items()},
                          merges=merges))
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tj, f, ensure_ascii=False)
+    with data.atomic_open(os.path.join(folder, "tokenizer.json"), "wb") as f:
+        f.write(json.dumps(tj, ensure_ascii=False).encode())
     config = dict(tokenizer_class="PreTrainedTokenizerFast", **({"eos_token": eos} if eos else {}))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1)
+    data.write_atomic(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=1))
 
 
 def last_layer_warning(dflash):

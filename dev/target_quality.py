@@ -37,7 +37,8 @@ def held_out_tokens():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=data.DefaultsHelp)
-    p.add_argument("targets", nargs="+", help="target checkpoints (or Hugging Face folders)")
+    p.add_argument("targets", nargs="+",
+                   help="target checkpoints (or Hugging Face folders of ours: dev/hf_export.py)")
     p.add_argument("--batches", type=int, default=32, help="held-out batches of 8 x 384 a set")
     p.add_argument("--n-prompts", type=int, default=10, help="prompts of each committed file")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per continuation")
@@ -52,6 +53,15 @@ def main(argv=None):
         targets = [(path, load_target(path)) for path in args.targets]  # a path twice: twice
         prompt_sets = {"held-out": data.reference_prompts(args.n_prompts),
                        "ood": data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]}
+        enc = data.get_encoding()
+        longest = max(len(enc.encode_ordinary(t)) for ts in prompt_sets.values() for t in ts)
+        for path, target in targets:  # refused before the minutes of scoring, not after
+            if target.cfg.vocab_size != enc.n_vocab:
+                raise ValueError(f"{path}: a vocabulary of {target.cfg.vocab_size}, not "
+                                 f"tokenizer.tiktoken's {enc.n_vocab}, which every set here uses")
+            if longest + args.new_tokens >= target.cfg.max_seq_len:  # generate keeps one free
+                raise ValueError(f"--new-tokens {args.new_tokens} after a prompt of {longest} "
+                                 f"tokens passes {path}'s context of {target.cfg.max_seq_len}")
         report(targets, prompt_sets, args)
     except (ValueError, FileNotFoundError) as e:  # generate's too: --new-tokens past the context
         raise SystemExit(f"error: {e}")

@@ -314,7 +314,7 @@ def test_heldout_prompts_takes_the_seed():
 def test_data_cli_refuses_an_out_dir_it_cannot_write_before_reading_the_corpus(tmp_path, run_script):
     (tmp_path / "FILE").write_text("x")
     rc, out, err = run_script("data.py", "--out-dir", str(tmp_path / "FILE"), cwd=tmp_path)
-    assert rc == 1 and "is a file, not a folder" in err, err[-800:]
+    assert rc == 1 and "cannot write there" in err and "Not a directory" in err, err[-800:]
     assert "corpus:" not in out and "data:" not in out  # refused before any work
 
 

@@ -390,9 +390,11 @@ def test_target_quality_scores_the_same_windows_for_every_target(tmp_path, monke
     (["weights/cpu/target.pt", "--batches", "0"], "--batches must be >= 1, got 0"),
     (["weights/cpu/target.pt", "--threads", "-1"], "--threads must be >= 0, got -1"),
     (["no/such.pt"], "no/such.pt: no such checkpoint"),
-    (["weights/cpu/dflash.pt"], "a 'dflash' checkpoint, expected 'target'")])
+    (["weights/cpu/dflash.pt"], "a 'dflash' checkpoint, expected 'target'"),
+    (["weights/cpu/target.pt", "--new-tokens", "400"], "target.pt's context of 384")])
 def test_target_quality_refuses_bad_input_in_one_line(args, expect):
-    """Each was a traceback (or, --batches 0, a nan loss with exit status 0)."""
+    """Each was a traceback (or, --batches 0, a nan loss with exit status 0; --new-tokens past
+    the context, after minutes of scoring)."""
     from dev import target_quality
     with pytest.raises(SystemExit, match=re.escape(expect)):
         target_quality.main([os.path.join(ROOT, a) if a.endswith(".pt") else a for a in args])

@@ -264,11 +264,17 @@ def truncate(name):
 @pytest.mark.parametrize("damage", [
     replace_file("config.json", "[]"), replace_file("config.json", '{"hidden_size": 6'),
     damage_config("hidden_size", None), damage_config("rms_norm_eps", None),
-    damage_config("hidden_size", "64"), truncate("model.safetensors"),
+    damage_config("hidden_size", "64"), damage_config("rms_norm_eps", "1e-6"),
+    damage_config("rms_norm_eps", float("nan")),
+    damage_config("rope_parameters", {"rope_type": "default", "rope_theta": "abc"}),
+    damage_config("max_position_embeddings", 1e9), damage_config("num_attention_heads", 0),
+    truncate("model.safetensors"),
     replace_file("model.safetensors", ""), replace_file("model.safetensors"),
     replace_file("model.safetensors.index.json", "{}")])
 def test_a_damaged_qwen3_folder_is_one_error_line_that_names_it(tmp_path, damage):
-    """Each was a KeyError, TypeError, AttributeError, OSError or SafetensorError traceback."""
+    """Each was a KeyError, TypeError, AttributeError, OSError or SafetensorError traceback, a
+    crash at the first forward pass (a string eps), an allocation of 128 GB (a float context), or
+    garbage tokens (a NaN eps)."""
     folder, _ = hf_qwen3(tmp_path)
     damage(folder)
     with pytest.raises(ValueError, match=f"^{folder}: "):
@@ -341,6 +347,11 @@ def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
     assert all(tok.encode(p, add_special_tokens=False) == enc.encode_ordinary(p) for p in prompts)
     assert tok.eos_token_id == enc.eot_token
     assert json.load(open(tmp_path / "config.json"))["eos_token_id"] == enc.eot_token
+    # readable by all, as the other files (safetensors' save_file made it 0600: a vLLM server
+    # under another user could not read it); written temp-then-rename, nothing else left
+    assert all(os.stat(tmp_path / f).st_mode & 0o044 == 0o044 for f in os.listdir(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                            "tokenizer_config.json"]
 
 
 def test_the_export_warns_of_a_last_layer_feature_and_refuses_a_file(tmp_path, capsys):

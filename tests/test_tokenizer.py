@@ -96,7 +96,7 @@ def test_train_tokenizer_reports_each_size_and_writes_the_ranks(tmp_path, capsys
     (["--train-tokenizer", "--measure", "0"], "must be >= 256 .* got 0"),
     (["--train-tokenizer", "--bpe-every", "0"], "--bpe-every must be >= 1"),
     (["--train-tokenizer", "--vocab-size", "65534"], "must be <= 65533 .* got 65534"),
-    (["--train-tokenizer", "--out", "FILE/t.tiktoken"], "is a file, not a folder"),
+    (["--train-tokenizer", "--out", "FILE/t.tiktoken"], "Not a directory"),
     (["--vocab-size", "8192"], "--vocab-size only shape a new tokenizer"),
     (["--measure", "512", "--bpe-every", "3"],
      "--measure, --bpe-every only shape a new tokenizer; add --train-tokenizer"),

@@ -140,15 +140,39 @@ def test_a_resumed_run_continues_the_clock(tmp_path):
 
 
 def test_a_resumed_run_takes_the_model_shape_from_its_file(tmp_path, capsys):
-    """--resume builds the model the file holds (preset, MTP depth), whatever those flags say
-    now: another --mtp-depth went on training the saved run under the new value."""
+    """--resume builds the model the file holds (preset, MTP depth); a flag given against it is
+    refused (another --mtp-depth went on training the saved run, silently). Left at its default,
+    a flag cannot be told from one not given: the file's value wins."""
     train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "1", "--mtp-depth", "1"))
     args = tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--resume", str(tmp_path / "t.pt"))
-    args.preset, args.mtp_depth = "cpu", 0
+    for k, v, msg in (("mtp_depth", 2, "--mtp-depth 2: .* is 1 "), ("preset", "ref", "is tiny ")):
+        with pytest.raises(ValueError, match=msg + r"\(a resumed run keeps its model\)"):
+            train.main(argparse.Namespace(**{**vars(args), k: v}))
+    args.preset, args.mtp_depth = "cpu", 0  # the defaults
     train.main(args)
     ck = load_checkpoint(str(tmp_path / "t.pt"))
     assert ck["step"] == 2 and ck["args"]["preset"] == "tiny" and ck["mtp_state_dict"]
     assert "preset tiny" in capsys.readouterr().out
+
+
+def test_ctrl_c_saves_the_steps_so_far_to_the_run_file(tmp_path, monkeypatch):
+    """Ctrl-C in the loop lost up to --save-minutes of work with a traceback; now the run file
+    gets the steps done, the interrupt says so, and --resume goes on from there."""
+    real, calls = train.get_batch, []
+
+    def interrupted_at_the_4th_step(*a):
+        calls.append(1)
+        if len(calls) == 1 + 4:  # the validation batch, then a batch per step
+            raise KeyboardInterrupt
+        return real(*a)
+    args = tiny_run(tmp_path, *SMALL, "--max-steps", "6", "--save-minutes", "0")
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt, match="step 3 saved to "
+                                                   ".*t.run.pt; the same command with --resume"):
+        m.setattr(train, "get_batch", interrupted_at_the_4th_step)
+        train.main(args)
+    assert load_checkpoint(str(tmp_path / "t.run.pt"))["step"] == 3
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "6", "--resume"))
+    assert load_checkpoint(str(tmp_path / "t.pt"))["step"] == 6
 
 
 def test_resuming_an_exported_checkpoint_says_its_optimizer_starts_afresh(tmp_path, capsys):
@@ -327,7 +351,7 @@ def test_check_args():
 def test_a_diverged_run_saves_nothing(tmp_path, capsys):
     """An lr that blows the weights up to inf or NaN ended "saved", rc 0, and the checkpoint
     crashed every tool that read it; now the save refuses and the last good one stays."""
-    with pytest.raises(ValueError, match="weights are not finite at step 2 .*t.pt not written"):
+    with pytest.raises(ValueError, match=r"step 2 .*t.pt not written: the weights are not all finite"):
         train.main(tiny_run(tmp_path, "--max-steps", "2", "--lr", "1e30", "--threads", "1",
                             "--eval-batches", "1"))
     assert not (tmp_path / "t.pt").exists()

@@ -222,9 +222,11 @@ def test_resume_refuses_another_target_or_method_before_any_work(target_dir, tmp
 
 
 def test_a_resumed_run_takes_the_model_shape_from_its_file(target_dir, tmp_path):
-    """--resume rebuilds the drafter the file holds, whatever the model flags say now (here a
-    finished run, extended with more steps)."""
+    """--resume rebuilds the drafter the file holds (here a finished run, extended with more
+    steps); a model flag given against it is refused before the distillation (it was ignored)."""
     run(target_dir, "dflash", "--out-dir", str(tmp_path), "--dflash-layers", "1")
+    with pytest.raises(ValueError, match="keeps its own n_layer 1 .*leave those flags out"):
+        run(target_dir, "dflash", "--out-dir", str(tmp_path), "--resume", "--dflash-layers", "3")
     run(target_dir, "dflash", "--out-dir", str(tmp_path), "--resume", "--max-steps", "4")
     ck = torch.load(tmp_path / "dflash.pt", weights_only=True)
     assert ck["step"] == 4 and ck["config"]["n_layer"] == 1
