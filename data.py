@@ -41,7 +41,7 @@ MAX_FILE_BYTES = 1_000_000  # bigger .py files are generated tables, not code an
 SKIP_DIRS = {"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
              "dist-packages"}
 
-# ----------------------------------------------------------------------------- corpus
+# --- corpus ---------------------------------------------------------------------------------------
 def site_dirs():
     """The folders of installed packages (venv, conda, dist-packages, user), in import order."""
     paths = sysconfig.get_paths()
@@ -101,7 +101,7 @@ def read_texts(files):
         except (UnicodeDecodeError, OSError):
             continue
 
-# ----------------------------------------------------------------------------- tokenizer
+# --- tokenizer ------------------------------------------------------------------------------------
 def read_ranks(path):
     # NOTE: not tiktoken.load.load_tiktoken_bpe: it caches files by *path* in /tmp and would
     # keep serving the old ranks after a retrain; the format is the same (tests check that)
@@ -126,7 +126,7 @@ def tokenizer_hash(path=TOKENIZER_PATH):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read() + PAT_STR.encode()).hexdigest()[:12]
 
-# ----------------------------------------------------------------------------- token bins
+# --- token bins -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def atomic_open(path, mode="w"):
     """A temp file beside path, renamed over it at the end: Ctrl-C never leaves half a file, and
@@ -207,7 +207,7 @@ def _prepare(out_dir, rebuild, corpus="small"):
 def load_tokens(split, out_dir=DATA_OUT, corpus="small"):
     return np.memmap(prepare(out_dir, corpus=corpus)["paths"][split], dtype=np.uint16, mode="r")
 
-# ----------------------------------------------------------------------------- prompts
+# --- prompts --------------------------------------------------------------------------------------
 def reference_prompts(n):
     """The first n committed held-out prompts, bench's default: what dev/tokenizer.py drew with
     REFERENCE_VERSIONS (another machine's corpus draws others, and other taus)."""
@@ -248,7 +248,7 @@ def read_prompts_file(path):
         prompts.append(obj["prompt"])
     return prompts
 
-# ----------------------------------------------------------------------------- every script's flags
+# --- every script's flags -------------------------------------------------------------------------
 def out_dir_for(folder):
     """Where checkpoints made for folder's go: folder itself, but out/<name>/weights/ for a
     committed weights/<name>/, which no script writes into (train_drafter, bench's hints)."""
@@ -260,7 +260,7 @@ def out_dir_for(folder):
 def check_writable(path):
     """Refuse an output file that cannot be written, before the run, leaving nothing: a file
     must be creatable in the nearest existing folder above it (save_checkpoint makes the rest).
-    Tried, not asked (os.access): root passes every permission test, not a read-only mount."""
+    Tried, not asked: as root, os.access says yes even where no file can be made (/proc)."""
     if os.path.isdir(path) or path.endswith(os.sep) or not path:
         raise ValueError(f"{path or repr(path)}: is a folder or empty; name a file")
     d = os.path.dirname(os.path.abspath(path))
@@ -279,7 +279,7 @@ def one_line_errors():
         yield
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
-    except KeyboardInterrupt as e:  # the trainers' says where they saved
+    except KeyboardInterrupt as e:  # a trainer's message says where it saved its steps
         print("\ninterrupted:", str(e) or "nothing half-written was left behind", file=sys.stderr)
         raise SystemExit(130) from None
 

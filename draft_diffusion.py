@@ -189,7 +189,7 @@ class DFlash(nn.Module):
         return loss, {"agree": hit.sum((0, 1)).cpu(), "count": valid.sum((0, 1)).cpu()}
 
 
-# ---------------------------------------------------------------------------------------- inference
+# --- inference ------------------------------------------------------------------------------------
 
 def kv_inject_ref(cache_k, cache_v, new_k, new_v, offsets, counts, cos, sin):
     """Write each row's new context K/V into the cache at its own offset, RoPE on K at the

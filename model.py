@@ -38,9 +38,10 @@ class Config:  # defaults only: sizes come from PRESETS below, a checkpoint or a
     tie_embeddings: bool = False  # the head shares the embedding's weights
 
     def __post_init__(self):  # a damaged or hand-edited config fails here, not in a forward pass
-        if bad := [f"{k}={v!r}" for k, v in vars(self).items() if k != "tie_embeddings" and not (
-                k == "head_dim" and v == 0 or type(v) in ((int, float) if k in (
-                    "rope_theta", "norm_eps") else (int,)) and 0 < v < math.inf)]:
+        number = lambda k, v: not isinstance(v, bool) and isinstance(
+            v, (int, float) if k in ("rope_theta", "norm_eps") else int) and 0 < v < math.inf
+        if bad := [f"{k}={v!r}" for k, v in vars(self).items() if k != "tie_embeddings"
+                   and not number(k, v) and not (k == "head_dim" and v == 0)]:
             raise TypeError(f"model config: {', '.join(bad)} (sizes are positive integers, "
                             "rope_theta and norm_eps positive numbers)")
         self.rope_theta, self.norm_eps = float(self.rope_theta), float(self.norm_eps)
@@ -227,7 +228,7 @@ class Transformer(nn.Module):
                        cfg.head_dim, self.head.weight.device, dtype or self.head.weight.dtype)
 
 
-# -------------------------------------------------------- sampling and the naive reference generate
+# --- sampling and the naive reference generate ----------------------------------------------------
 
 def logits_to_probs(logits, temperature=1.0, top_k=None):
     """Warp logits (..., V) into the distribution decoding samples from: divide by the

@@ -147,8 +147,9 @@ class MTPDrafter:
         cache.rollback(torch.minimum(cache.lengths, P))  # (re)run P: a finished row's is past P
         p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
-        x = ext.gather(1, (p_idx + k).clamp(max=ext.shape[1] - 1))  # past the buffer: rolled
-        out, pos = run_layer(mod, target, cache, h, target.embed(x))  # back below, as past n-1
+        # NOTE: clamped: an input past the buffer is uncommitted, rolled back below as past n-1
+        x = ext.gather(1, (p_idx + k).clamp(max=ext.shape[1] - 1))
+        out, pos = run_layer(mod, target, cache, h, target.embed(x))
         # NOTE: write at pos (distinct slots: the padding's junk lands past P), not at p_idx,
         # which repeats P in the padding, where scatter_ would keep an arbitrary one
         self.H[k].scatter_(1, pos[..., None].expand_as(out), out)  # out, pos: (B, m, C), (B, m)

@@ -50,7 +50,7 @@ from model import DECODING_ATTENTION, draw, logits_to_probs
 NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never accepted, q = 0 there
 
 
-# --------------------------------------- the simplest version: one prompt, no checks, no statistics
+# --- the simplest version: one prompt, no checks, no statistics -----------------------------------
 
 @torch.no_grad()
 @sdpa_kernel(DECODING_ATTENTION)  # without cuDNN's attention: model.py says why
@@ -95,7 +95,7 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
     return tokens[0, P:P + max_new_tokens].tolist()
 
 
-# ------------------------------------------------------------------------------ the acceptance rule
+# --- the acceptance rule --------------------------------------------------------------------------
 
 def accept_scan_ref(p, drafts, q=None, uniforms=None):
     """Acceptance scan of DESIGN sec. 5, batched over rows, no per-row Python loop.
@@ -161,7 +161,7 @@ def accept_scan(p, drafts, q=None, uniforms=None):
     return accept_scan_ref(p, drafts, q, uniforms)
 
 
-# --------------------- the loop: a batch of ragged rows, continuous batching, checks and statistics
+# --- the loop: a batch of ragged rows, continuous batching, checks and statistics -----------------
 
 class StepClock:
     """Where the loop's time goes, with no host sync: mark(part) charges the time since the last

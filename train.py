@@ -5,8 +5,8 @@ AdamW, linear warm-up then cosine decay to a tenth of the peak lr, gradient clip
 bf16 autocast on CUDA, fp32 on CPU. The budget is wall-clock minutes (or --max-steps) and the
 schedule follows the fraction used, so a run of any length ends fully decayed. --mtp-depth D also
 trains D native multi-token prediction modules (mtp.py), loss weight lambda / D. A run saves to
-a .run.pt beside its checkpoint (out/cpu/target.run.pt) every --save-minutes; the same command
-plus --resume continues it, and --resume FILE continues FILE's model (its preset and depth).
+a .run.pt beside its checkpoint (out/cpu/target.run.pt) every --save-minutes and on Ctrl-C; the
+same command plus --resume continues it, --resume FILE continues FILE's model (preset, depth).
 
     python train.py --preset cpu                # ~8 minutes on 2 cores -> out/cpu/target.pt
     python train.py --preset cpu-draft --out-path out/cpu/draft.pt   # the `draft` method's model
@@ -75,7 +75,7 @@ def check_args(args, names, zero_ok=(), positive=()):
             raise ValueError(f"--{name.replace('_', '-')} must be {rule}, got {value}")
 
 
-# -------------------------------------------- the loop and its resume, shared with train_drafter.py
+# --- the loop and its resume, shared with train_drafter.py ----------------------------------------
 
 def load_run(resume, out_path, kind):
     """--resume FILE: FILE; --resume alone: this run's .run.pt, or its finished checkpoint when
@@ -131,12 +131,12 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
             if args.save_minutes and time.time() - t_saved >= args.save_minutes * 60:
                 save(run_file)
                 t_saved = time.time()
-    except KeyboardInterrupt:  # Ctrl-C keeps the steps so far, to go on from
-        save(run_file)
-        raise KeyboardInterrupt(f"step {step} saved to {run_file}; the same command with "
-                                "--resume goes on") from None
-    print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | {report()}")
-    save(out_path)  # with the optimizer: --resume can extend it
+        print(f"done: {step} steps in {(time.time() - t_start) / 60:.1f} min | {text()} | "
+              f"{report()}")
+        save(out_path)  # with the optimizer: --resume can extend it
+    except KeyboardInterrupt:  # Ctrl-C keeps the steps so far (cut inside opt.step(), one
+        save(run_file)         # update more than the step count says: harmless)
+        raise KeyboardInterrupt(f"step {step} saved; go on with --resume {run_file}") from None
     if os.path.exists(run_file):
         os.remove(run_file)
     print(f"saved {out_path}")
@@ -234,7 +234,7 @@ def get_parser():
     g.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     g.add_argument("--eval-batches", type=int, default=4, help="fixed validation batches")
     g.add_argument("--save-minutes", type=float, default=2.0,
-                   help="minutes between saves to its .run.pt (0: only at the end)")
+                   help="minutes between saves to its .run.pt (0: only at the end and on Ctrl-C)")
     return p
 
 

@@ -241,7 +241,7 @@ def get_parser():
     g.add_argument("--lr", type=float, default=None, help=f"peak lr (default: {recipe_of('lr')})")
     g.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
     g.add_argument("--save-minutes", type=float, default=2.0,
-                   help="minutes between saves to <method>.run.pt (0: only at the end)")
+                   help="minutes between saves to <method>.run.pt (0: at the end and on Ctrl-C)")
     g.add_argument("--resume", nargs="?", const="", default=None, metavar="FILE",
                    help="continue the run from its .run.pt (or finished <method>.pt), or FILE")
     g.add_argument("--continuation-only", action="store_true", help="score the target's text only")

@@ -35,7 +35,8 @@ def available(device):
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
-    """speculate.accept_scan_ref's arguments (any strides, as there) and results, by the kernel."""
+    """speculate.accept_scan_ref by the kernel: p (B, K+1, V), drafts (B, K), q (B, K, V) | None,
+    uniforms (B, K+1) float64 | None, any strides -> n_accepted (B,), next_token (B,) int64."""
     c = lambda t: None if t is None else t.contiguous()
     return _ext[p.device.type].accept_scan(c(p), c(drafts), c(q), c(uniforms), DEFAULT_VERSION)
 

@@ -108,7 +108,7 @@ def test_a_one_token_prompt_leaves_the_deeper_modules_nothing_to_cache():
         assert outs == [naive_generate(target, p, MAX_NEW) for p in prompts]
 
 
-def test_modules_deeper_than_the_buffer_leaves_room_for_stay_in_it():
+def test_modules_deeper_than_the_buffer_has_room_for_stay_in_it():
     """Module k reads x_{p+k} at each position p up to n-2: with more modules than K + 1 plus the
     budget (--mtp-draft or K below the depth, a short budget), its prefill read past the token
     buffer: an IndexError (a device assert on a GPU). Those positions are rolled back anyway."""

@@ -157,22 +157,34 @@ def test_a_resumed_run_takes_the_model_shape_from_its_file(tmp_path, capsys):
 
 def test_ctrl_c_saves_the_steps_so_far_to_the_run_file(tmp_path, monkeypatch):
     """Ctrl-C in the loop lost up to --save-minutes of work with a traceback; now the run file
-    gets the steps done, the interrupt says so, and --resume goes on from there."""
-    real, calls = train.get_batch, []
+    gets the steps done, the interrupt names it for --resume (the same command may name another
+    FILE), and --resume goes on from there. So at the final evaluation, after the last step."""
+    real_batch, real_eval, calls = train.get_batch, train.evaluate, []
 
     def interrupted_at_the_4th_step(*a):
         calls.append(1)
         if len(calls) == 1 + 4:  # the validation batch, then a batch per step
             raise KeyboardInterrupt
-        return real(*a)
+        return real_batch(*a)
+
+    def interrupted_at_the_final_evaluation(*a):
+        calls.append(1)
+        if len(calls) == 2:  # after step 1, then at the end
+            raise KeyboardInterrupt
+        return real_eval(*a)
     args = tiny_run(tmp_path, *SMALL, "--max-steps", "6", "--save-minutes", "0")
-    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt, match="step 3 saved to "
-                                                   ".*t.run.pt; the same command with --resume"):
-        m.setattr(train, "get_batch", interrupted_at_the_4th_step)
-        train.main(args)
-    assert load_checkpoint(str(tmp_path / "t.run.pt"))["step"] == 3
-    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "6", "--resume"))
-    assert load_checkpoint(str(tmp_path / "t.pt"))["step"] == 6
+    run_file = str(tmp_path / "t.run.pt")
+    for name, fake, step in (("get_batch", interrupted_at_the_4th_step, 3),
+                             ("evaluate", interrupted_at_the_final_evaluation, 6)):
+        calls.clear()
+        with monkeypatch.context() as m, pytest.raises(
+                KeyboardInterrupt, match=f"step {step} saved; go on with --resume .*t.run.pt"):
+            m.setattr(train, name, fake)
+            train.main(args)
+        assert load_checkpoint(run_file)["step"] == step and not (tmp_path / "t.pt").exists()
+        train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "6", "--resume", run_file))
+        assert load_checkpoint(str(tmp_path / "t.pt"))["step"] == 6
+        os.remove(tmp_path / "t.pt")
 
 
 def test_resuming_an_exported_checkpoint_says_its_optimizer_starts_afresh(tmp_path, capsys):
