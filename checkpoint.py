@@ -85,8 +85,7 @@ def get_device(name=None):
 
 
 def finite(model, where, params=None):
-    """NaN or inf weights (a damaged file, a diverged run) give NaN logits: greedy picks token 0,
-    a draw fails far from the cause. Refused in one line, at load and before a save."""
+    """NaN/inf weights (a damaged file, a diverged run): NaN logits, refused at load and save."""
     if not all(bool(p.isfinite().all()) for p in params or model.parameters()):
         raise ValueError(f"{where}: the weights are not all finite (NaN or inf)")
     return model

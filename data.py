@@ -258,9 +258,8 @@ def out_dir_for(folder):
     return os.path.join(DATA_OUT, os.path.basename(full), "weights")
 
 def check_writable(path):
-    """Refuse an output file that cannot be written, before the run, leaving nothing: a file
-    must be creatable in the nearest existing folder above it (save_checkpoint makes the rest).
-    Tried, not asked: as root, os.access says yes even where no file can be made (/proc)."""
+    """Refuse an output path where no file can be made in the nearest existing folder, before
+    the run, leaving nothing. Tried, not asked: as root os.access says yes even in /proc."""
     if os.path.isdir(path) or path.endswith(os.sep) or not path:
         raise ValueError(f"{path or repr(path)}: is a folder or empty; name a file")
     d = os.path.dirname(os.path.abspath(path))
@@ -273,8 +272,7 @@ def check_writable(path):
 
 @contextlib.contextmanager
 def one_line_errors():
-    """A command's bad input (a flag, a path, a checkpoint) ends in one line, as does Ctrl-C:
-    every output is written temp-then-rename, and the trainers save their steps first."""
+    """Bad input (a flag, a path, a checkpoint) and Ctrl-C end a command in one line each."""
     try:
         yield
     except (ValueError, FileNotFoundError) as e:

@@ -208,7 +208,6 @@ class EagleDrafter:
         # finished one, drafts unused) drafts from an earlier point; speculate.generate leaves room
         n = n.clamp(max=tokens.shape[1] - K - 1)
         h, logits = self.catch_up(tokens, n, bound=K + 1)  # the last step's commits: <= K + 1
-        # each step feeds back its own feature + draft; --confidence cuts it (draft_chain)
         out = draft_chain(self.step, h, logits, K, temperature, top_k, generator, self.sample,
                           self.confidence)
         self.cache.rollback(n - 1)                              # keep only exact positions 0..n-2

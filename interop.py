@@ -72,8 +72,8 @@ def read_config(folder, architecture):
             or rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1)) != 1):
         raise ValueError(f"{path}: attention biases, sliding windows, partial RoPE or an "
                          f"activation other than silu are not supported")
-    if rope.get("rope_type", "default") != "default" or c.get("rope_scaling"):
-        raise ValueError(f"{path}: RoPE scaling {rope or c.get('rope_scaling')} is not supported")
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or c.get("rope_scaling"):
+        raise ValueError(f"{path}: RoPE scaling {c.get('rope_scaling') or rope} is not supported")
     fields = {**c, "rope_theta": rope.get("rope_theta", c.get("rope_theta", 10000.0)),
               "head_dim": c.get("head_dim") or 0}  # model.Config checks each field's type
     return c, {ours: fields[theirs] for ours, theirs in QWEN3_NAMES.items()}
@@ -160,16 +160,25 @@ def load_hf_tokenizer(folder):
         tj = json.load(f)
     if tj["model"]["type"] != "BPE":
         raise ValueError(f"{path}: a {tj['model']['type']} model; only byte-level BPE is supported")
+    pre, added = tj.get("pre_tokenizer") or {}, tj.get("added_tokens") or []
+    norm = tj.get("normalizer") or {}
+    norms = norm.get("normalizers", [norm] if norm else [])  # NFC alone or in a sequence, or none
+    if (any(n["type"] != "NFC" for n in norms)
+            or any(p.get("add_prefix_space") for p in pre.get("pretokenizers", [pre]))
+            or any(t.get(k) for t in added for k in ("lstrip", "rstrip", "single_word"))):
+        raise ValueError(f"{path}: a normalizer other than NFC, a prefix space or added tokens "
+                         "that strip or match whole words are not supported")
     byte_of = {c: b for b, c in BYTE_CHARS.items()}
     try:
         ranks = {bytes(byte_of[c] for c in tok): i for tok, i in tj["model"]["vocab"].items()}
     except KeyError:
         raise ValueError(f"{path}: not a byte-level vocabulary") from None
-    ids = set(ranks.values())
-    specials = {t["content"]: t["id"] for t in tj.get("added_tokens", []) if t["id"] not in ids}
+    if any(bytes([b]) not in ranks for b in range(256)):  # text with one made tiktoken panic
+        raise ValueError(f"{path}: a byte-level vocabulary without all 256 bytes")
+    specials = {t["content"]: t["id"] for t in added}  # matched first, as by transformers, also
     enc = HFEncoding(name=os.path.basename(os.path.abspath(folder)), mergeable_ranks=ranks,
-                     pat_str=split_pattern(tj.get("pre_tokenizer")), special_tokens=specials)
-    enc.nfc = (tj.get("normalizer") or {}).get("type") == "NFC"
+                     pat_str=split_pattern(pre), special_tokens=specials)  # those in the vocab
+    enc.nfc = bool(norms)
     return enc
 
 

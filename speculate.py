@@ -234,10 +234,9 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     and a drafter's propose compiled too where it has one shape (its static_shapes); the
     buffers span the target's whole context, so no shape depends on the prompts (a tree's passes
     and ngram stay eager). Greedy tokens as without, sampled ones other draws of the same
-    distribution (the padding changes how many uniforms a step takes).
-    Returns (outputs, stats): the new tokens of each prompt, in order (cut after stop_token),
-    and stats; stats["tau"] is new tokens per pass of a row, the prompt pass included, and
-    draft_s, verify_s, rest_s where the time went (StepClock)."""
+    distribution (the padding changes how many uniforms a step takes). -> (each prompt's new
+    tokens, in order, cut after stop_token; stats): stats["tau"] is new tokens per pass of a row
+    (the prompt pass included); draft_s, verify_s, rest_s where the time went (StepClock)."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
                               stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()

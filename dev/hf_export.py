@@ -18,6 +18,7 @@ trained now leave that block out (draft_diffusion.feature_layers).
 import argparse
 import json
 import os
+import re
 import sys
 
 import torch
@@ -73,6 +74,10 @@ def save_hf_tokenizer(enc, folder, pattern, eos=None):
               for a, b in [bpe_parts(tok, ranks)]]
     level = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False)
     specials = sorted(enc._special_tokens.items(), key=lambda x: x[1])
+    # NOTE: tokenizers' regex engine (Oniguruma) reads a possessive count, \p{N}{1,3}+, as a
+    # repeat of the count: any number of digits ("2024" one piece, tiktoken's "202", "4"). Ours
+    # is last in its alternative, where a plain count matches as tiktoken's possessive one.
+    pattern = re.sub(r"(\{\d+(?:,\d*)?\})\+", r"\1", pattern)
     split = dict(type="Split", pattern=dict(Regex=pattern), behavior="Isolated", invert=False)
     tj = dict(version="1.0", truncation=None, padding=None, normalizer=None,
               added_tokens=[dict(id=i, content=s, single_word=False, lstrip=False, rstrip=False,

@@ -267,17 +267,18 @@ def truncate(name):
     damage_config("hidden_size", "64"), damage_config("rms_norm_eps", "1e-6"),
     damage_config("rms_norm_eps", float("nan")),
     damage_config("rope_parameters", {"rope_type": "default", "rope_theta": "abc"}),
+    damage_config("rope_parameters", {"type": "linear", "factor": 4.0, "rope_theta": 1e4}),
     damage_config("max_position_embeddings", 1e9), damage_config("num_attention_heads", 0),
     truncate("model.safetensors"),
     replace_file("model.safetensors", ""), replace_file("model.safetensors"),
     replace_file("model.safetensors.index.json", "{}")])
 def test_a_damaged_qwen3_folder_is_one_error_line_that_names_it(tmp_path, damage):
     """Each was a KeyError, TypeError, AttributeError, OSError or SafetensorError traceback, a
-    crash at the first forward pass (a string eps), an allocation of 128 GB (a float context), or
-    garbage tokens (a NaN eps)."""
+    crash at the first forward pass (a string eps), an allocation of 128 GB (a float context),
+    garbage tokens (a NaN eps), or logits off transformers' (RoPE scaling under the older key)."""
     folder, _ = hf_qwen3(tmp_path)
     damage(folder)
-    with pytest.raises(ValueError, match=f"^{folder}: "):
+    with pytest.raises(ValueError, match=f"^{folder}(/config.json)?: "):
         load_target(folder)
 
 
@@ -290,6 +291,39 @@ def test_a_damaged_tokenizer_json_is_one_error_line_that_names_its_folder(tmp_pa
     damage(str(tmp_path))
     with pytest.raises(ValueError, match=f"^{tmp_path}: "):
         load_tokenizer(str(tmp_path))
+
+
+def test_tokenizer_json_features_we_cannot_reproduce_are_refused(tmp_path):
+    """Each loaded and gave other ids than transformers (a normalizer other than NFC, a prefix
+    space, added tokens that strip), or a Rust panic on the first text with a byte the
+    vocabulary lacks. An added token that is also in the vocabulary (BpeTrainer's special tokens,
+    GPT-2's <|endoftext|>) was BPE-split; it is matched whole, as transformers does."""
+    from checkpoint import load_tokenizer
+    hf_export.save_hf_tokenizer(data.get_encoding(), str(tmp_path), data.PAT_STR)
+    good = json.load(open(tmp_path / "tokenizer.json"))
+
+    def load(edit):
+        tj = json.loads(json.dumps(good))
+        edit(tj)
+        json.dump(tj, open(tmp_path / "tokenizer.json", "w"))
+        return load_tokenizer(str(tmp_path))
+    for edit, why in [(lambda tj: tj.update(normalizer={"type": "NFKC"}), "other than NFC"),
+                      (lambda tj: tj["pre_tokenizer"]["pretokenizers"][1].update(
+                          add_prefix_space=True), "a prefix space"),
+                      (lambda tj: tj["added_tokens"][0].update(lstrip=True), "that strip"),
+                      (lambda tj: tj["model"]["vocab"].pop(interop.BYTE_CHARS[7]), "256 bytes")]:
+        with pytest.raises(ValueError, match=f"^{tmp_path}/tokenizer.json: .*{why}"):
+            load(edit)
+    assert load(lambda tj: tj.update(normalizer={"type": "Sequence",
+                                                 "normalizers": [{"type": "NFC"}]})).nfc
+    def in_vocab(tj):  # as GPT-2's file holds <|endoftext|>: in the vocab and added
+        tj["model"]["vocab"]["<|im_start|>"] = 4098
+        tj["added_tokens"].append(dict(good["added_tokens"][0], id=4098, content="<|im_start|>"))
+    enc = load(in_vocab)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "<|im_start|>user\nx = 1"
+    assert enc.encode_ordinary(text) == tok.encode(text, add_special_tokens=False)
+    assert enc.encode_ordinary(text)[0] == 4098
 
 
 @pytest.mark.parametrize("damage", [
@@ -337,13 +371,15 @@ def test_a_zlab_drafter_with_fewer_kv_heads_than_its_target_is_lossless(tmp_path
 def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
     """vLLM and SGLang load the tokenizer with AutoTokenizer: without tokenizer_config.json it
     picked Qwen2Tokenizer for a qwen3 config, whose own split regex (single digits) gave other
-    ids on 15 of the 256 held-out prompts."""
+    ids on 15 of the 256 held-out prompts. And tokenizers' regex engine read our \p{N}{1,3}+ as
+    any number of digits: "2024" one piece, ours "202" "4" (2,310 of 5,000 random numbers)."""
     enc = data.get_encoding()
     hf_export.save_hf_target(load_target(os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")),
                              str(tmp_path), eos_token_id=enc.eot_token)
     hf_export.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR, eos=data.EOT)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
-    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS) + ["x = 12345678"]
+    prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS) + ["x = 12345678", "year = 2024",
+                                                                   "n = 1000000 + 31415926535"]
     assert all(tok.encode(p, add_special_tokens=False) == enc.encode_ordinary(p) for p in prompts)
     assert tok.eos_token_id == enc.eot_token
     assert json.load(open(tmp_path / "config.json"))["eos_token_id"] == enc.eot_token
