@@ -120,8 +120,10 @@ class MTPDrafter:
         self.H[0, :, :feats.shape[1]] = feats
         self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
                        for _ in range(self.mtp.depth)]
-        for k in range(1, self.mtp.depth + 1):  # the prompts, so that a step's catch-up is short
-            self.run_module(k, tokens, n)  # past N-1-k it reads uncommitted zeros: rolled back
+        # the prompts (a step's catch-up is short): module k reads to x_{N-2+k}, padded, rolled back
+        ext = F.pad(tokens, (0, self.mtp.depth))
+        for k in range(1, self.mtp.depth + 1):
+            self.run_module(k, ext, n)
 
     def update(self, tokens, n, feats, n_new):
         # the verify pass fed positions n - n_new - 1 onward: store its features there
@@ -147,9 +149,7 @@ class MTPDrafter:
         cache.rollback(torch.minimum(cache.lengths, P))  # (re)run P: a finished row's is past P
         p_idx = ragged_positions(cache.lengths, P, bound)   # (B, m)
         h = self.H[k - 1].gather(1, p_idx[..., None].expand(-1, -1, self.H.shape[-1]))
-        # NOTE: clamped: an input past the buffer is uncommitted, rolled back below as past n-1
-        x = ext.gather(1, (p_idx + k).clamp(max=ext.shape[1] - 1))
-        out, pos = run_layer(mod, target, cache, h, target.embed(x))
+        out, pos = run_layer(mod, target, cache, h, target.embed(ext.gather(1, p_idx + k)))
         # NOTE: write at pos (distinct slots: the padding's junk lands past P), not at p_idx,
         # which repeats P in the padding, where scatter_ would keep an arbitrary one
         self.H[k].scatter_(1, pos[..., None].expand_as(out), out)  # out, pos: (B, m, C), (B, m)

@@ -163,7 +163,7 @@ def main(args):
     train, val = (x.to(device) for x in get_distill_data(target, args, th, hf_enc))  # (N, T) ids
     label_from = args.prompt_len if args.continuation_only else 0  # first position scored
 
-    config = saved if ck else model_config(args)
+    config = ck["config"] if ck else model_config(args)
     model = MODELS[args.method](target.cfg, **config).to(device)
     params = list(model.parameters())
     print(f"{args.method}: {sum(p.numel() for p in params) / 1e6:.2f}M trainable params, "

@@ -51,10 +51,11 @@ def main(argv=None):
     torch.set_num_threads(args.threads or torch.get_num_threads())
     try:  # every target loads before the minutes of work; a bad one ends in one line
         targets = [(path, load_target(path)) for path in args.targets]  # a path twice: twice
-        prompt_sets = {"held-out": data.reference_prompts(args.n_prompts),
-                       "ood": data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]}
         enc = data.get_encoding()
-        longest = max(len(enc.encode_ordinary(t)) for ts in prompt_sets.values() for t in ts)
+        prompt_sets = {name: [enc.encode_ordinary(t) for t in texts] for name, texts in (
+            ("held-out", data.reference_prompts(args.n_prompts)),
+            ("ood", data.read_prompts_file(data.OOD_PROMPTS_PATH)[:args.n_prompts]))}
+        longest = max(len(ids) for ids in sum(prompt_sets.values(), []))
         for path, target in targets:  # refused before the minutes of scoring, not after
             if target.cfg.vocab_size != enc.n_vocab:
                 raise ValueError(f"{path}: a vocabulary of {target.cfg.vocab_size}, not "
@@ -78,8 +79,7 @@ def report(targets, prompt_sets, args):
             loss, bpb = evaluate(target, batches, enc)
             print(f"  {name:8s} loss {loss:.3f} nats/token, {bpb:.3f} bits/byte "
                   f"({len(tokens) / 1e6:.1f}M tokens)")
-        for name, texts in prompt_sets.items():
-            ids = [enc.encode_ordinary(t) for t in texts]
+        for name, ids in prompt_sets.items():  # token ids
             for temp in (0.0, 1.0):
                 outs, _ = generate(target, ids, max_new_tokens=args.new_tokens,
                                    temperature=temp, seed=0)
