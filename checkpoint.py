@@ -150,8 +150,7 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     model.load_state_dict({k: v.float() for k, v in sd.items()})
     finite(model, src).to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())
-    layers = getattr(model, "hidden_layers", (target.cfg.n_layer,))
-    print(f"{method}: {n / 1e6:.2f}M params, target layers {layers} ({src})")
+    print(f"{method}: {n / 1e6:.2f}M params, target layers {model.hidden_layers} ({src})")
     if kind == "mtp":
         return MTPDrafter(target, model, n_draft=mtp_draft, confidence=confidence)
     if kind == "eagle":

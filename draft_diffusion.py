@@ -26,12 +26,10 @@ all layers with the CUDA extension). The drafter has no embedding or head of its
 the target's, frozen (the <|mask|> row stays untrained).
 
 Training (paper sec. 4; the authors never released theirs, this is ours): on the target's own
-continuations, sample many anchors a per sequence (with --continuation-only from the prompt's
-last token on, so that every continuation token is a label); each anchor's block
-[x_a, mask...] sees the context strictly before a (c_0..c_{a-1}) plus its own block, never
-other blocks, all in one pass: each block is a row of its own with a key mask, which is the
-block-sparse pattern without a dense mask. Loss = cross-entropy at slots 1..S-1 against
-x_{a+k}, weighted by exp(-(k-1)/gamma) (early slots matter most: a rejection ends the block).
+continuations, many anchors a per sequence, each block [x_a, mask...] seeing the context strictly
+before a (c_0..c_{a-1}) and its own block, never other blocks, all in one pass (train_logits).
+Loss = cross-entropy at slots 1..S-1 against x_{a+k}, weighted by exp(-(k-1)/gamma) (early slots
+matter most: a rejection ends the block).
 Three traps that gave near-zero acceptance elsewhere, each pinned by a test here: labels
 shifted by one, context visible at <= a instead of < a, a causal mask inside the block.
 
@@ -46,6 +44,7 @@ import torch.nn.functional as F
 
 import dflash_kernels as kernels
 from draft_simple import confidence, cut_unsure, draft_token
+from kv_cache import kept
 from model import Block, RMSNorm, apply_rope
 
 # the paper's loss decay per block size S; train_drafter's recipe passes 4 (at S = 16 it beat 7)
@@ -128,12 +127,10 @@ class DFlash(nn.Module):
     # -- training ---------------------------------------------------------------
 
     def train_logits(self, target, tokens, feats, anchors):
-        """All blocks of all anchors in one pass. tokens (B, T), feats (B, T, n*C) of the frozen
-        target on them, anchors (B, A). Returns logits (B, A, S, V) and positions (B, A, S).
-        Every block becomes its own row of a (B*A)-row batch, exactly as at inference: its
-        keys are its sequence's context (masked to j < a) followed by its own S slots, so the
-        block-sparse pattern costs S*(T+S) scores per block, where all blocks in one row would
-        cost A*S*(T+A*S) under a dense mask."""
+        """All blocks of all anchors in one pass, each its own row of a (B*A)-row batch as at
+        inference, keys = its context (j < a) then its S slots: S*(T+S) scores a block, not a dense
+        mask's A*S*(T+A*S). tokens (B, T), feats (B, T, n*C), anchors (B, A) -> logits (B, A, S,
+        V), positions (B, A, S)."""
         B, T = tokens.shape
         S, dev = self.block_size, tokens.device
         A = anchors.shape[1]
@@ -245,7 +242,8 @@ class DFlashDrafter:
         cfg, L = self.dflash.layer_cfg, self.dflash.n_layer  # its own heads (z-lab's may differ)
         shape = (L, B, cfg.n_kv_head, T_max, cfg.head_dim)  # (L, B, H, T_max, D)
         w = self.target.head.weight
-        self.ck, self.cv = w.new_zeros(shape), w.new_zeros(shape)
+        self.ck, self.cv = kept(self, (B, T_max, w.dtype, w.device),
+                                lambda: [w.new_zeros(shape), w.new_zeros(shape)])
         self.ctx_len = torch.zeros(B, dtype=torch.long, device=w.device)
         self.update(tokens, n, feats, n - 1)  # the prompt pass fed positions 0..n-2
 

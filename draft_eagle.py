@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from draft_simple import draft_chain, ragged_positions, run_layer
-from kv_cache import KVCache
+from kv_cache import KVCache, kept
 from model import MLP, Attention, RMSNorm
 
 
@@ -158,9 +158,10 @@ class EagleDrafter:
     def prefill(self, tokens, n, feats):
         B, T_max = tokens.shape
         cfg, dt = self.target.cfg, self.target.head.weight.dtype
-        self.feat = torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt)
+        self.feat, self.cache = kept(self, (B, T_max, dt, tokens.device), lambda: [
+            torch.zeros(B, T_max, cfg.n_embd, device=tokens.device, dtype=dt),
+            KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)])
         self.feat[:, :feats.shape[1]] = self.eagle.fc(feats)  # (B, T_max, C): f_p per position
-        self.cache = KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, tokens.device, dt)
         self.catch_up(tokens, n)  # the prompts, so that a step's catch-up is at most K + 1 wide
 
     @torch.no_grad()

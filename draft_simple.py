@@ -16,6 +16,7 @@ Their interface is in speculate.py's docstring.
 import torch
 import torch.nn.functional as F
 
+from kv_cache import kept
 from model import draw, logits_to_probs
 from speculate import NO_DRAFT
 
@@ -159,7 +160,9 @@ class ModelDrafter:
         if T > ctx:  # its positions run as far as the target's
             raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
                              f"headroom), past the draft model's context of {ctx}")
-        self.cache = self.model.new_cache(tokens.shape[0], max_len=tokens.shape[1])
+        w = self.model.head.weight
+        self.cache, = kept(self, (*tokens.shape, w.dtype, w.device),
+                           lambda: [self.model.new_cache(tokens.shape[0], max_len=T)])
         feed_ragged(self.model, self.cache, tokens, n - 1)  # the prompts but the pending token
 
     def update(self, *args):  # propose catches up on the committed tokens itself

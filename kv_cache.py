@@ -20,8 +20,7 @@ forward:
 
     pos = cache.positions(T)                 # (B, T) absolute positions of the new tokens
     for layer: cache.write(layer, k, v, pos) # k, v (B, H, T, D)
-               k_all, v_all = cache.read(layer)   # all T_max slots
-               mask = cache.mask()           # (B, 1, T, T_max) True = may attend
+               attend to cache.k[layer], cache.v[layer] (all T_max slots) under cache.mask
     cache.advance(T)                         # after the last layer
 """
 
@@ -39,7 +38,7 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
         self.max_len = max_len
-        self._mask = None  # this forward's attention mask, shared by all layers, set by positions()
+        self.mask = None  # (B, 1, T, T_max), True = may attend: this forward's, set by positions()
 
     def positions(self, T):
         """Absolute positions (B, T) of T new tokens appended to every row; also builds this
@@ -56,7 +55,7 @@ class KVCache:
         # position are hidden, the row's later new tokens (causal) and, past lengths[b] + T,
         # stale entries or the unused slots up to max_len
         j = torch.arange(self.max_len, device=self.lengths.device)            # (T_max,)
-        self._mask = (j[None, None, :] <= pos[:, :, None])[:, None]          # (B, 1, T, T_max)
+        self.mask = (j[None, None, :] <= pos[:, :, None])[:, None]           # (B, 1, T, T_max)
         return pos
 
     def write(self, layer, k, v, pos):
@@ -65,14 +64,6 @@ class KVCache:
         idx = pos[:, None, :, None].expand(B, H, T, D)
         self.k[layer].scatter_(2, idx, k.to(self.k.dtype))
         self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
-
-    def read(self, layer):
-        """Keys and values (B, H, T_max, D) of one layer: every slot (the mask picks)."""
-        return self.k[layer], self.v[layer]
-
-    def mask(self):
-        """(B, 1, T, T_max) bool, True = may attend: this forward's mask (see positions)."""
-        return self._mask
 
     # lengths change in place (advance, rollback): a CUDA graph reads this very tensor at every
     # replay. So whoever keeps an old value of cache.lengths must .clone() it
@@ -95,3 +86,22 @@ class KVCache:
         view.k, view.v = self.k[:, b:b + 1], self.v[:, b:b + 1]
         view.lengths = torch.zeros(1, dtype=torch.long, device=self.lengths.device)
         return view
+
+
+def kept(owner, key, make):
+    """make() -> a list of buffers (tensors, KVCaches), kept on owner under key (rows, length,
+    dtype, device) and handed out again, zeroed, by a later call with that key: for the buffers
+    a compiled step writes in place. A GPU's CUDA graphs replay in-place writes only into
+    tensors whose addresses never change, marked static (torch runs any other step without its
+    graph). One length at a time: a compiled run's is the context's, eager ones vary."""
+    store = owner.__dict__.setdefault("_kept", {})
+    if any(k[1:] != key[1:] for k in store):  # another length: the old buffers go
+        store.clear()
+    new = key not in store
+    bufs = store[key] = make() if new else store[key]
+    for t in [t for b in bufs for t in ((b.k, b.v, b.lengths) if isinstance(b, KVCache) else [b])]:
+        if not new:
+            t.zero_()
+        elif t.is_cuda:
+            torch._dynamo.mark_static_address(t)
+    return bufs

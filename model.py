@@ -130,9 +130,8 @@ class Attention(nn.Module):
         if cache is None:  # training / naive path: plain causal attention over x itself
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:  # kv_cache.py (file 2): write the new keys at each row's offset, attend to the row
-            cache.write(layer, k, v, pos)
-            k, v = cache.read(layer)
-            mask = cache.mask() if mask is None else mask
+            cache.write(layer, k, v, pos)  # then every slot, the mask picks
+            k, v, mask = cache.k[layer], cache.v[layer], cache.mask if mask is None else mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
@@ -242,13 +241,11 @@ def logits_to_probs(logits, temperature=1.0, top_k=None):
 
 
 def draw(probs, generator=None, u=None):
-    """One draw per row of probs (..., V) -> (...), by inverse CDF: the first token whose running
-    sum exceeds u * total, u uniform (or given: float64 (..., 1), the acceptance scan's). In
-    float64: exact to ~1e-16 per token even at V = 151,936 (float32's steps of u would be ~1e-3
-    off). A zero-probability token leaves the sum flat, so it is never drawn (a GPU's parallel
-    cumsum may round there by ~1e-16). A row with no mass gives V, which the next embedding
-    lookup rejects. torch.multinomial draws the same distribution, slower (1.5-1.9 ms more a
-    DFlash pass on a CPU: docs/experiments.md)."""
+    """One draw per row of probs (..., V) -> (...), by inverse CDF in float64 (float32's steps of
+    u are ~1e-3 off at V = 151,936): the first token whose running sum exceeds u * total, u
+    uniform (or given: float64 (..., 1), the acceptance scan's). Never a zero-probability token;
+    a row with no mass gives V, which the next embedding lookup rejects. torch.multinomial draws
+    alike, slower (1.5-1.9 ms more a DFlash pass on a CPU: docs/experiments.md)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
     if u is None:

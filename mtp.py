@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from draft_simple import draft_chain, ragged_positions, run_layer
-from kv_cache import KVCache
+from kv_cache import KVCache, kept
 from model import Block, RMSNorm
 
 
@@ -45,7 +45,7 @@ class MTPModule(nn.Module):
 class MTP(nn.Module):
     def __init__(self, cfg, depth):
         super().__init__()
-        self.cfg, self.depth = cfg, depth
+        self.depth, self.hidden_layers = depth, (cfg.n_layer,)  # h^0: the target's last block
         self.mods = nn.ModuleList([MTPModule(cfg) for _ in range(depth)])
         for p in self.parameters():
             if p.dim() == 2:
@@ -75,24 +75,17 @@ class MTP(nn.Module):
             counts.append(labels.numel())
         return losses, torch.stack(hits).cpu(), torch.tensor(counts)
 
-    def n_params(self):
-        return sum(p.numel() for p in self.parameters())
-
-
-class PostHocMTP(MTP):
-    """MTP modules trained afterwards on a frozen target (train_drafter.py --method mtp)."""
-
-    def __init__(self, cfg, depth):
-        super().__init__(cfg, depth)
-        self.hidden_layers = (cfg.n_layer,)
+    def loss(self, target, tokens, feats, label_from=0):
+        """train_drafter.py's (post-hoc): tokens (B, T), feats (B, T, C) -> mean loss over
+        depths, agreement per depth."""
+        losses, hits, counts = self.losses(target, tokens, feats[:, :-1], label_from)
+        return sum(losses) / len(losses), {"agree": hits, "count": counts}
 
     def config_dict(self):
         return {"depth": self.depth}
 
-    def loss(self, target, tokens, feats, label_from=0):
-        """tokens (B, T), feats (B, T, C) -> mean loss over depths, agreement per depth."""
-        losses, hits, counts = self.losses(target, tokens, feats[:, :-1], label_from)
-        return sum(losses) / len(losses), {"agree": hits, "count": counts}
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
 
 
 class MTPDrafter:
@@ -105,7 +98,7 @@ class MTPDrafter:
         if not 1 <= n_draft <= mtp.depth:
             raise ValueError(f"mtp has {mtp.depth} modules, so it drafts 1..{mtp.depth} tokens, "
                              f"not {n_draft}")
-        self.hidden_layers = (target.cfg.n_layer,)  # h^0: the output of the last block
+        self.hidden_layers = mtp.hidden_layers
         self.default_K = self.max_K = n_draft       # one draft per module, no more
 
     def params(self):
@@ -116,10 +109,10 @@ class MTPDrafter:
         B, T_max = tokens.shape
         cfg, dev, dt = self.target.cfg, tokens.device, self.target.head.weight.dtype
         # H[k] (B, T_max, C): module k's output per position (H[0] = target features)
-        self.H = torch.zeros(self.mtp.depth + 1, B, T_max, cfg.n_embd, device=dev, dtype=dt)
+        self.H, *self.caches = kept(self, (B, T_max, dt, dev), lambda: [
+            torch.zeros(self.mtp.depth + 1, B, T_max, cfg.n_embd, device=dev, dtype=dt),
+            *(KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt) for _ in self.mtp.mods)])
         self.H[0, :, :feats.shape[1]] = feats
-        self.caches = [KVCache(1, B, cfg.n_kv_head, T_max, cfg.head_dim, dev, dt)
-                       for _ in range(self.mtp.depth)]
         # the prompts (a step's catch-up is short): module k reads to x_{N-2+k}, padded, rolled back
         ext = F.pad(tokens, (0, self.mtp.depth))
         for k in range(1, self.mtp.depth + 1):

@@ -36,6 +36,8 @@ def main(argv=None):
     with data.one_line_errors():
         if args.top_k is not None and args.temperature == 0:
             raise ValueError("--top-k restricts sampling; --temperature 0 decodes greedily")
+        if args.draft_len is not None and args.method == "ar":
+            raise ValueError("-K sets the drafts per step; --method ar drafts none")
         options = drafter_options(args, p, [args.method])
         target = load_target(args.target, device=get_device(args.device))  # its error first
         enc = load_tokenizer(args.target)  # a Hugging Face folder brings its own

@@ -45,6 +45,7 @@ from torch.nn.attention import sdpa_kernel
 
 import dflash_kernels as kernels
 from checks import BAD_Q, check_inputs, check_proposal
+from kv_cache import kept
 from model import DECODING_ATTENTION, draw, logits_to_probs
 
 NO_DRAFT = -1  # a draft slot a row leaves empty (any negative token): never accepted, q = 0 there
@@ -130,14 +131,10 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     # u < min(1, p/q)  <=>  u * q < p   (no division; u < 1 so the min is implied)
     ok = (uniforms[:, :K] * q_d < p_d) & has                     # (B, K)
     n_acc = torch.cumprod(ok.long(), dim=1).sum(1)               # (B,)
-    # the distribution the emitted token comes from (0-based: p[:, n_acc] is the target's at
-    # the first rejected draft, or at the bonus position if n_acc = K):
-    #   rejected (n_acc < K): residual norm(max(0, p - q)) there; with argmax drafts q is
-    #   one-hot at the draft, so the residual is p with the draft removed; an empty slot has
-    #   q = 0 there, so the token comes from p itself, as in plain decoding
-    #   all accepted (n_acc = K): the bonus, straight from p_{K+1}
-    # one gather serves both cases: drafts and q get one more slot, at the bonus position,
-    # with no draft (NO_DRAFT) and q = 0 there, so at n_acc = K the residual is p_{K+1}
+    # the emitted token comes from norm(max(0, p - q)) at slot n_acc (0-based): the first
+    # rejected draft (argmax drafts: q one-hot, so p without the draft; an empty slot: q = 0, so
+    # p itself), or the bonus: drafts and q get one more slot, NO_DRAFT with q = 0, so at
+    # n_acc = K the same gather gives p_{K+1}
     at_n = n_acc[:, None, None].expand(B, 1, V)
     p_n = p.gather(1, at_n)[:, 0]                                # (B, V)
     d_n = F.pad(drafts, (0, 1), value=NO_DRAFT).gather(1, n_acc[:, None])   # (B, 1)
@@ -202,16 +199,12 @@ def compiled(fn, owner, device):
 
 def static_step(target, B):
     """The target's compiled forward and one cache of B rows over its whole context, kept on the
-    target and reused by every call, so that a step's shapes, and on a GPU the cache's
+    target and reused by every call (kept), so that a step's shapes, and on a GPU the cache's
     addresses, never change. One generate at a time per target: they would share the cache."""
-    w, static = target.head.weight, target.__dict__.setdefault("_static", {})
-    if (key := (B, w.dtype, w.device)) not in static:
-        cache = static[key] = target.new_cache(B)
-        if w.is_cuda:  # written in place by the graph: its address is fixed
-            for t in (cache.k, cache.v, cache.lengths):
-                torch._dynamo.mark_static_address(t)
-    static[key].lengths.zero_()  # stale entries are masked, as after any rollback
-    return compiled(target.forward, target, w.device), static[key]
+    w = target.head.weight
+    cache, = kept(target, (B, target.cfg.max_seq_len, w.dtype, w.device),
+                  lambda: [target.new_cache(B)])
+    return compiled(target.forward, target, w.device), cache
 
 
 def headroom(K, tree=None):
@@ -229,14 +222,11 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     (default: all prompts); with fewer rows than prompts, a row whose prompt is done takes the
     next waiting one (continuous batching). K: drafts per step (default: the drafter's own).
     tree: a tree.DraftTree to verify a tree of DFlash's candidates instead of a chain (default:
-    the drafter's .tree, which load_drafter("dflash-tree") sets, else none). compile: every
-    verify pass over all K+1 positions (empty slots padded), by a compiled forward (static_step),
-    and a drafter's propose compiled too where it has one shape (its static_shapes); the
-    buffers span the target's whole context, so no shape depends on the prompts (a tree's passes
-    and ngram stay eager). Greedy tokens as without, sampled ones other draws of the same
-    distribution (the padding changes how many uniforms a step takes). -> (each prompt's new
-    tokens, in order, cut after stop_token; stats): stats["tau"] is new tokens per pass of a row
-    (the prompt pass included); draft_s, verify_s, rest_s where the time went (StepClock)."""
+    the drafter's .tree, which load_drafter("dflash-tree") sets, else none). compile: chain
+    verify passes (static_step) and propose (where static_shapes) at one shape, compiled; greedy
+    tokens as without, sampled ones other draws of p (padding takes more uniforms). -> (each
+    prompt's new tokens, in order, cut after stop_token; stats): stats["tau"] is new tokens per
+    pass of a row (the prompt pass included); draft_s, verify_s, rest_s: StepClock's split."""
     prompts, K = check_inputs(target, prompts, drafter, max_new_tokens, temperature, top_k, K,
                               stop_token, batch_size)
     layers = tuple(drafter.hidden_layers) if drafter is not None else ()
@@ -331,8 +321,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
             drafts, q = propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
-            if (v := check_proposal(drafts, q, B, K, V, sampling)) is not None:
-                valid = v                                           # read back below
+            valid = check_proposal(drafts, q, B, K, V, sampling)   # read back below
             if compile:  # one shape for every pass: K drafts, the missing ones empty
                 drafts = F.pad(drafts, (0, K - drafts.shape[1]), value=NO_DRAFT)
                 q = None if q is None else F.pad(q, (0, 0, 0, K - q.shape[1]))

@@ -25,11 +25,9 @@ import torch
 
 import data
 import speculate
-from checkpoint import get_device, load_target, load_tokenizer, save_checkpoint, weights_hash
+from checkpoint import (FEATURE_DRAFTERS as MODELS, get_device, load_target, load_tokenizer,
+                        save_checkpoint, weights_hash)
 from data import DefaultsHelp, check_writable, one_line_errors
-from draft_diffusion import DFlash
-from draft_eagle import Eagle
-from mtp import PostHocMTP
 from train import check_args, load_run, train_loop
 
 
@@ -84,7 +82,6 @@ def get_distill_data(target, args, target_hash, enc=None):
 # paper's, with a faster loss decay than its 7.
 RECIPE = {"mtp": dict(batch_size=2, lr=2e-3), "eagle": dict(batch_size=2, lr=2e-3),
           "dflash": dict(batch_size=8, lr=6e-4, loss_decay=4.0)}
-MODELS = {"mtp": PostHocMTP, "eagle": Eagle, "dflash": DFlash}
 recipe_of = lambda key: ", ".join(f"{v[key]:g} for {m}" for m, v in RECIPE.items() if key in v)
 
 
@@ -98,12 +95,16 @@ def check_block_size(args):
                          f"positions after its anchor), got {args.block_size}")
 
 
+# each method's constructor arguments and the flags that set them ("per method" in --help)
+MODEL_FLAGS = {"mtp": dict(depth="mtp_depth"), "eagle": dict(ttt_steps="ttt_steps"),
+               "dflash": dict(n_layer="dflash_layers", block_size="block_size",
+                              anchors="anchors", gamma="loss_decay")}
+
+
 def model_config(args):
     """A fresh drafter's constructor arguments, from the flags (a resumed one takes its file's).
     DFlash reads 5 target layers spread below the last (feature_layers), all of a shallower one."""
-    return {"mtp": dict(depth=args.mtp_depth), "eagle": dict(ttt_steps=args.ttt_steps),
-            "dflash": dict(n_layer=args.dflash_layers, block_size=args.block_size,
-                           anchors=args.anchors, gamma=args.loss_decay)}[args.method]
+    return {k: getattr(args, flag) for k, flag in MODEL_FLAGS[args.method].items()}
 
 
 @torch.no_grad()
@@ -133,6 +134,9 @@ def main(args):
                       "ttt_steps", "dflash_layers", "anchors"], positive=["loss_decay"])
     if not all(0 <= t < math.inf for t in args.distill_temperatures):  # NaN too
         raise ValueError("--distill-temperatures must each be >= 0 and finite")
+    for m, flag in ((m, f) for m, fs in MODEL_FLAGS.items() for f in fs.values()):
+        if m != args.method and getattr(args, flag) != get_parser().get_default(flag):
+            raise ValueError(f"--{flag.replace('_', '-')} sets an option of {m}, not {args.method}")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
     device = get_device(args.device)

@@ -34,12 +34,10 @@ from model import draw, logits_to_probs
 
 def build_tree(q, N, max_children=None, g=None):
     """q (D, V): one row's q_1..q_D -> (tokens, parents, depths) of N nodes in the order they were
-    added, a parent first (node 0 is the root: parents index [root] + nodes). A node's children
-    are the next slot's tokens, best first: greedy (g None) by q, alike at a depth; sampling by
-    log q + Gumbel noise of the node's own, a draw without replacement (noise shared by a depth
-    biased the output). A path scores the sum of its nodes'. A perturbed score is independent of
-    its token (Gumbel-max), so which nodes get in says nothing of their tokens and children stay
-    draws from q (ranked by log q alone, the tree would favour likely tokens: biased).
+    added, a parent first (parents index [root] + nodes). A path scores the sum of its nodes':
+    greedy (g None) log q, alike at a depth; sampling log q + Gumbel noise of each node's own
+    (shared noise biased the output), so a node's children are a draw from q without replacement
+    and which nodes get in says nothing of their tokens (by log q alone the tree is biased).
     The heap holds each node's next sibling and first child: each pop adds the best node left."""
     D, V = q.shape
     k = min(max_children or N, V)
@@ -95,10 +93,7 @@ class DraftTree:
     @torch.no_grad()
     def draft(self, drafter, tokens, n, K, temperature, top_k, g):
         """One DFlash pass over a block of K+1 -> node tokens, parents and depths (B, N) each
-        (depth <= K), and q (B, K, V).
-        Greedy: each slot's likeliest tokens. Sampling: each node's children, a draw of its own
-        without replacement from their slot's q, in the order drawn (Gumbel top-k, build_tree),
-        which the verification rule needs (Jeon et al. 2024, arXiv 2402.14160)."""
+        (depth <= K; build_tree: sampling draws children in the order verify needs), q (B, K, V)."""
         logits = drafter.block_logits(tokens, n, K + 1)[:, 1:]              # (B, K, V)
         q = logits_to_probs(logits, temperature or 1.0, top_k)  # greedy ranks by q at T = 1
         # a size every row's tree reaches, so that all rows stack to (B, N)

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 BUILD_ROOT = HERE.parent / "out" / "cuda_build"  # out/ is git-ignored
 SOURCES = [HERE / "ext.cpp", HERE / "kv_inject.cu", HERE / "accept_scan.cu"]
 KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the caches kv_inject's kernel takes
-DEFAULT_VERSION = 2  # accept_scan's promoted greedy kernel (its header says why)
+DEFAULT_VERSION = 2  # accept_scan's promoted greedy kernel (README.md's measurements say why)
 VERBOSE = False      # show the compiler's output (python dev/kernels_check.py --verbose)
 _ext = {}  # device type -> the built module serving its tensors, or None (dev/emu.py sets cpu)
 

@@ -189,6 +189,11 @@ def test_sample_refuses_confidence_for_ngram_in_one_line(run_script):
     assert rc == 1 and "--confidence sets an option of draft/mtp/eagle/dflash" in err, err
 
 
+def test_sample_refuses_a_draft_length_for_plain_decoding(run_script):
+    rc, _, err = run_script("sample.py", "--method", "ar", "-K", "3")
+    assert rc == 1 and "-K sets the drafts per step; --method ar drafts none" in err, err
+
+
 def test_confidence_reaches_the_drafters_and_shortens_drafts(capsys):
     """On the committed weights: load_drafter hands it to all four; sample.py's flag cuts
     draft's drafts (fixed K drafts 7 every step)."""

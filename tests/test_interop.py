@@ -369,7 +369,7 @@ def test_a_zlab_drafter_with_fewer_kv_heads_than_its_target_is_lossless(tmp_path
 
 
 def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
-    """vLLM and SGLang load the tokenizer with AutoTokenizer: without tokenizer_config.json it
+    r"""vLLM and SGLang load the tokenizer with AutoTokenizer: without tokenizer_config.json it
     picked Qwen2Tokenizer for a qwen3 config, whose own split regex (single digits) gave other
     ids on 15 of the 256 held-out prompts. And tokenizers' regex engine read our \p{N}{1,3}+ as
     any number of digits: "2024" one piece, ours "202" "4" (2,310 of 5,000 random numbers)."""

@@ -21,7 +21,7 @@ import speculate
 from speculate import NO_DRAFT
 from model import generate as naive_generate, logits_to_probs
 from checkpoint import save_checkpoint
-from mtp import MTP, MTPDrafter, PostHocMTP
+from mtp import MTP, MTPDrafter
 import mtp as mtp_lib
 from checkpoint import load_drafter
 from test_model import tiny_model
@@ -247,7 +247,7 @@ def test_training_losses_are_the_inference_modules_cross_entropies(label_from):
         assert int(counts[k - 1]) == int(scored.sum())
     # train_drafter's post-hoc modules (same weights) train on the mean over depths, as the recipe
     # was tuned with: a sum scales every gradient by the depth against the fixed grad clip
-    post = PostHocMTP(target.cfg, DEPTH)
+    post = MTP(target.cfg, DEPTH)
     post.load_state_dict(heads.state_dict())
     _, feats = target(torch.tensor([seq]), hidden_layers=post.hidden_layers)
     loss, _ = post.loss(target, torch.tensor([seq]), feats[0], label_from)

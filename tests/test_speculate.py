@@ -184,18 +184,19 @@ def test_decoding_runs_without_cudnn_attention(monkeypatch):
 
 def feature_drafter(name, target):
     """mtp / eagle / dflash with random weights on `target`, from their own test files (their
-    state is what a refill must replace: caches, features, context K/V)."""
+    state is what a refill must replace: caches, features, context K/V), on the target's device."""
+    dev = target.head.weight.device
     if name == "mtp":
         from mtp import MTPDrafter
         from test_mtp import random_mtp
-        return MTPDrafter(target, random_mtp(target))
+        return MTPDrafter(target, random_mtp(target).to(dev))
     if name == "eagle":
         from draft_eagle import EagleDrafter
         from test_eagle import random_eagle
-        return EagleDrafter(target, random_eagle(target))
+        return EagleDrafter(target, random_eagle(target).to(dev))
     from draft_diffusion import DFlashDrafter
     from test_dflash import random_dflash
-    return DFlashDrafter(target, random_dflash(target.cfg))
+    return DFlashDrafter(target, random_dflash(target.cfg).to(dev))
 
 
 class Recorder:

@@ -14,6 +14,7 @@ import torch
 
 import speculate
 from draft_simple import ModelDrafter, NgramDrafter
+from kv_cache import KVCache
 from model import generate as naive_generate
 from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
                             feature_drafter, loopy_target, make_drafter, other_model, prompts,
@@ -68,6 +69,32 @@ def test_compiled_steps_give_the_greedy_tokens_of_eager_ones(name, conf, monkeyp
     assert cache.max_len == target.cfg.max_seq_len  # one shape, whatever the prompts
 
 
+@pytest.mark.parametrize("name", ["draft", "mtp", "eagle", "dflash"])
+def test_a_compiled_run_reuses_its_buffers_at_their_addresses(name):
+    """A GPU's CUDA graphs replay in-place writes only into tensors whose addresses never change
+    (torch runs the step without its graph otherwise): a second compiled run must find the
+    target's cache and each drafter buffer over the context (caches, features, context K/V)
+    where the first left them. Eager runs of other lengths keep one set, not one each."""
+    target = loopy_target()
+    drafter = make_drafter("draft", target) if name == "draft" else feature_drafter(name, target)
+    T = target.cfg.max_seq_len
+
+    def addresses():
+        held = [b for v in vars(drafter).values() for b in (v if isinstance(v, list) else [v])]
+        held += [speculate.static_step(target, 2)[1]]
+        return [t.data_ptr() for b in held
+                for t in ([b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b])
+                if isinstance(b, KVCache) or torch.is_tensor(b) and T in b.shape]
+    batch, kw = prompts("repetitive")[:3], dict(max_new_tokens=6, K=3, batch_size=2)
+    first = speculate.generate(target, batch, drafter, compile=True, **kw)[0]
+    before = addresses()
+    assert speculate.generate(target, batch, drafter, compile=True, **kw)[0] == first
+    assert addresses() == before and len(before) >= 4
+    for n in (4, 9):  # eager: buffers sized to each run
+        speculate.generate(target, batch, drafter, max_new_tokens=n, K=3)
+    assert len(drafter._kept) == 1
+
+
 @pytest.mark.parametrize("name", ["ngram", "draft-q", "dflash-q"])
 def test_compiled_sampling_keeps_the_target_distribution(name):
     """Padded drafts take other uniforms than the eager loop's, so the rows differ; their
@@ -87,7 +114,9 @@ def test_compiled_sampling_keeps_the_target_distribution(name):
 @pytest.mark.parametrize("name", ["plain", "draft", "mtp", "eagle", "dflash"])
 def test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding(name):
     """On a GPU the compiled forward is replayed as CUDA graphs (mode "reduce-overhead"), over a
-    cache at fixed addresses: greedy rows equal the eager loop's on the same GPU."""
+    cache at fixed addresses: greedy rows equal the eager loop's on the same GPU. And replayed
+    they are: torch runs a compiled step that writes a buffer of changing address without its
+    graph (cudagraph_skips), as every drafter's propose did before kv_cache.kept."""
     target = copy.deepcopy(loopy_target()).cuda()  # a copy: .cuda() moves a module in place
     drafter = {"plain": lambda: None,
                "draft": lambda: ModelDrafter(copy.deepcopy(other_model()).cuda())}.get(
@@ -95,5 +124,7 @@ def test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding(name):
     batch = [list(p) for p in prompts("repetitive")[:5]]
     kw = dict(max_new_tokens=12, K=3 if name == "mtp" else 4, batch_size=2)
     eager, _ = speculate.generate(target, batch, drafter, **kw)
+    torch._dynamo.utils.counters.clear()
     for _ in range(2):  # the first call records the graphs, the second replays them
         assert speculate.generate(target, batch, drafter, compile=True, **kw)[0] == eager
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0

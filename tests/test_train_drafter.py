@@ -374,10 +374,14 @@ def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_
     assert not list(tmp_path.iterdir())  # refused before the distillation
 
 
-def test_another_methods_flags_do_not_refuse_a_run(target_dir, tmp_path):
-    """eagle ignores DFlash's block: a size DFlash's sequences could not label passes."""
-    run(target_dir, "eagle", "--out-dir", str(tmp_path), "--block-size", "40")
-    assert (tmp_path / "eagle.pt").exists()
+@pytest.mark.parametrize("method,flag,owner", [("eagle", "--block-size", "dflash"),
+                                               ("mtp", "--loss-decay", "dflash"),
+                                               ("dflash", "--ttt-steps", "eagle")])
+def test_another_methods_flags_are_refused(target_dir, tmp_path, method, flag, owner):
+    """They were ignored: --method eagle --block-size 8 trained the EAGLE it trains without."""
+    with pytest.raises(ValueError, match=f"{flag} sets an option of {owner}, not {method}"):
+        run(target_dir, method, "--out-dir", str(tmp_path), flag, "3")
+    assert not list(tmp_path.iterdir())
 
 
 def test_unset_flags_take_the_method_recipe_and_given_flags_win():
