@@ -120,13 +120,15 @@ if [ "${TINY:-0}" = 1 ]; then  # 30-40 s on a 2-core CPU once out/data-all is bu
   T_BENCH="--n-prompts 2 --max-new-tokens 8 --temperatures 0 --threads 1"
 fi
 
+# A step's limit ends it with SIGINT, as Ctrl-C would: a training run then saves its steps to its
+# .run.pt, which export_all takes when the finished checkpoint is missing (-k 10: then SIGKILL).
 step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the terminal and $TXT
   local name=$1 limit=$2
   shift 2
   echo "== $name (at most $limit s): $*" | tee -a "$TXT"
   [ "$DRY_RUN" = 1 ] && return
   local t0=$SECONDS
-  timeout "$limit" "$@" 2>&1 | tee -a "$TXT"
+  timeout -s INT -k 10 "$limit" "$@" 2>&1 | tee -a "$TXT"
   local rc=${PIPESTATUS[0]}
   echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
   [ "$rc" -eq 0 ] || failed=1
@@ -134,7 +136,7 @@ step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the te
 
 tagged() {  # tagged TAG SECONDS CMD: the shell command CMD for at most SECONDS, lines as [TAG]
   local t0=$SECONDS
-  timeout "$2" bash -c "$3" 2>&1 | sed -u "s/^/[$1] /" | tee -a "$TXT"
+  timeout -s INT -k 10 "$2" bash -c "$3" 2>&1 | sed -u "s/^/[$1] /" | tee -a "$TXT"
   local rc=${PIPESTATUS[0]}
   echo "== $1: exit $rc after $((SECONDS - t0)) s" | tee -a "$TXT"
   return "$rc"
@@ -159,14 +161,16 @@ import os, sys, torch
 from dev.export_weights import export_checkpoint  # run from the repository's root
 w, failed = sys.argv[1], 0
 for m in ("target", "draft", "mtp", "eagle", "dflash"):
+    src = f"{w}/{m}.pt" if os.path.exists(f"{w}/{m}.pt") else f"{w}/{m}.run.pt"  # cut off
     try:
-        ck = torch.load(f"{w}/{m}.pt", map_location="cpu", weights_only=True)
-        export_checkpoint(f"{w}/{m}.pt", f"{w}/weights/{m}.pt")
+        ck = torch.load(src, map_location="cpu", weights_only=True)
+        export_checkpoint(src, f"{w}/weights/{m}.pt")
     except Exception as e:  # one missing or broken, the others still go
         print(f"NOT EXPORTED: {m} ({type(e).__name__}: {e})")
         failed = 1
         continue
     a, run = ck["args"], f"{ck['step']} steps in {ck.get('elapsed', 0) / 60:.2f} min"
+    run += " (CUT OFF: its last save)" if src.endswith(".run.pt") else ""
     mb = os.path.getsize(f"{w}/weights/{m}.pt") / 1e6
     if ck["kind"] == "target":  # tokens seen: steps x batch x sequence length
         T = a["seq_len"] or ck["config"]["max_seq_len"]
@@ -203,9 +207,10 @@ fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
   echo "NOTE: the target run did not finish; the drafters use its last save" | tee -a "$TXT"; }
-# a 1-step mtp run builds the distilled data (the mtp run below starts afresh over its mtp.pt)
-DISTILL=("distill" "$PY train_drafter.py --method mtp $D --max-steps 1 --save-minutes 0 \
-$T_DISTILL")
+# a 1-step mtp run builds the distilled data (its mtp.pt goes: only the run below's is exported);
+# the CUDA extension's accept scan would be built first, for a loop with no drafts
+DISTILL=("distill" "DFLASH_CUDA_EXT=0 $PY train_drafter.py --method mtp $D --max-steps 1 \
+--save-minutes 0 $T_DISTILL && rm $W/mtp.pt")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
