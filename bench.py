@@ -155,6 +155,10 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print("\n" + "=" * 100 + f"\nmachine   {platform.processor() or u.machine} | {u.system} "
           f"{u.release} | {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # the last minute's (Unix)
+    if device.type == "cpu" and load > 1.5 * (os.cpu_count() or 1):  # this run alone: ~its threads
+        print(f"WARNING   load average {load:.1f} on {os.cpu_count()} cores: other jobs shared "
+              "them, so the speeds and ratios below mean little (taus and lossless still hold)")
     print(f"device    {device} ({gpu}) | dtype {args.dtype} | torch {torch.__version__} | CUDA "
           f"extension active: {kernels.available(device)} | compiled steps: {args.compile}"
           + (f" (CUDA graphs; {torch._dynamo.utils.counters['inductor']['cudagraph_skips']} "
@@ -255,8 +259,6 @@ def check_args(args):
     for flag, value, low in [("--block-size", args.block_size, 2), ("--tree", args.tree_nodes, 1)]:
         if value is not None and value < low:
             die(f"{flag} must be >= {low}, got {value}")
-    if args.weights and os.path.isfile(args.weights):
-        die(f"--weights names a folder of checkpoints, not a file ({args.weights})")
     listed = ",".join(METHODS) if args.methods is None else args.methods  # default: all
     methods = [m.strip() for m in listed.split(",") if m.strip()]
     if not methods:

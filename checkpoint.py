@@ -186,6 +186,8 @@ def add_drafter_flags(parser):
 
 def drafter_options(args, parser, methods):
     """load_drafter's keywords from the flags; a flag for a method not run is refused."""
+    if args.weights and os.path.isfile(args.weights):  # bench.py's and sample.py's --weights
+        raise ValueError(f"--weights names a folder of checkpoints, not a file ({args.weights})")
     for flag, (ms, kw) in DRAFTER_FLAGS.items():  # dflash-tree ignores argmax and confidence
         used = any(m in methods for m in ms.split())
         if not used and getattr(args, kw["dest"]) != parser.get_default(kw["dest"]):

@@ -41,7 +41,8 @@ def main(argv=None):
         options = drafter_options(args, p, [args.method])
         target = load_target(args.target, device=get_device(args.device))  # its error first
         enc = load_tokenizer(args.target)  # a Hugging Face folder brings its own
-        prompt = enc.encode_ordinary(args.prompt)
+        if not (prompt := enc.encode_ordinary(args.prompt)):
+            raise ValueError("empty prompt: --prompt gives no text to continue")
         drafter = load_drafter(args.method, target, args.weights or os.path.dirname(args.target),
                                **options)
         t0 = time.perf_counter()

@@ -189,9 +189,13 @@ def test_sample_refuses_confidence_for_ngram_in_one_line(run_script):
     assert rc == 1 and "--confidence sets an option of draft/mtp/eagle/dflash" in err, err
 
 
-def test_sample_refuses_a_draft_length_for_plain_decoding(run_script):
-    rc, _, err = run_script("sample.py", "--method", "ar", "-K", "3")
-    assert rc == 1 and "-K sets the drafts per step; --method ar drafts none" in err, err
+@pytest.mark.parametrize("flags,message", [
+    (["--method", "ar", "-K", "3"], "-K sets the drafts per step; --method ar drafts none"),
+    (["--prompt", ""], "empty prompt: --prompt gives no text"),  # was: "... prompt list or prompt"
+    (["--weights", os.path.join(W, "dflash.pt")], "--weights names a folder of checkpoints")])
+def test_sample_refuses_what_it_would_ignore_or_misread_in_one_line(run_script, flags, message):
+    rc, _, err = run_script("sample.py", *flags)
+    assert rc == 1 and message in err, err
 
 
 def test_confidence_reaches_the_drafters_and_shortens_drafts(capsys):

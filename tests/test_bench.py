@@ -342,7 +342,8 @@ def test_tau_standard_error():
     assert bench.ratio_se([(3, 1)]) == 0.0  # one prompt: no spread to estimate
 
 
-def test_card_warns_when_the_target_loops(capsys):
+def test_card_warns_when_the_target_loops(capsys, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine
     args = bench.get_parser().parse_args(["--weights", "w"])
     target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
     for r, warn in ((0.5, True), (bench.REPEAT_WARN + 0.01, True), (bench.REPEAT_WARN, False), (0.05, False)):
@@ -355,6 +356,17 @@ def test_card_warns_when_the_target_loops(capsys):
     assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
     bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 0.7: 0.0})
     assert "drafter there; trust the T=0.7 rows\n" in capsys.readouterr().out  # no T=1 rows run
+
+
+@pytest.mark.parametrize("load,warn", [(0.5, False), (2.0, False), (3.5, True)])
+def test_card_warns_when_other_jobs_shared_the_cores(capsys, monkeypatch, load, warn):
+    """A newcomer's bench beside a test run printed DFlash at 45x plain decoding, unwarned."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # bench's own 2 threads: a load of ~2
+    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
+    bench.print_card(bench.get_parser().parse_args([]), torch.device("cpu"), target, {"ar": None},
+                     {"ar": 0}, "src", 2, {0.0: 0.0})
+    assert ("WARNING   load average" in capsys.readouterr().out) == warn
 
 
 def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):

@@ -131,8 +131,14 @@ def test_a_small_training_run_writes_a_tokenizer_that_round_trips(tmp_path, monk
 @pytest.mark.skipif(REFERENCE_ENV != data.REFERENCE_VERSIONS,
                     reason=f"the committed prompts were drawn with {data.REFERENCE_VERSIONS}")
 def test_write_prompts_redraws_the_committed_file(tmp_path, monkeypatch):
-    with open(data.PROMPTS_PATH, "rb") as f:
-        committed = f.read()
+    """Into temp files, both: the OOD one went to weights/ and was redrawn in a virtual
+    environment without the OOD packages' versions of this machine. The held-out prompts come
+    from the small corpus (the standard library, torch, numpy: the versions above)."""
+    paths = data.PROMPTS_PATH, data.OOD_PROMPTS_PATH
+    committed = [open(p, "rb").read() for p in paths]
     monkeypatch.setattr(data, "PROMPTS_PATH", str(tmp_path / "p.jsonl"))
+    monkeypatch.setattr(data, "OOD_PROMPTS_PATH", str(tmp_path / "ood.jsonl"))
     run_cli(monkeypatch, "--write-prompts")
-    assert (tmp_path / "p.jsonl").read_bytes() == committed
+    assert (tmp_path / "p.jsonl").read_bytes() == committed[0]
+    assert (tmp_path / "ood.jsonl").exists()
+    assert [open(p, "rb").read() for p in paths] == committed
