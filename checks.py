@@ -12,7 +12,7 @@ def check_proposal(drafts, q, B, K, V, sampling):
     """What the loop trusts of propose: int64 drafts (B, K' <= K) and, when sampling, q (B, K', V)
     the probability rows each real draft was drawn from. Shapes are checked here; the values,
     when sampling, by the returned 0-dim bool tensor, which the loop reads back with the rest of
-    its step (no host sync of its own) and refuses with BAD_Q. Greedy: True."""
+    its step (no host sync of its own) and refuses with BAD_Q. Greedy: a True one."""
     q_ok = q is None or (tuple(q.shape) == (*drafts.shape, V) and q.dtype.is_floating_point)
     if not (drafts.dim() == 2 and drafts.shape[0] == B and drafts.shape[1] <= K and
             drafts.dtype == torch.long and q_ok):

@@ -93,7 +93,7 @@ def kept(owner, key, make):
     dtype, device) and handed out again, zeroed, by a later call with that key: for the buffers
     a compiled step writes in place. A GPU's CUDA graphs replay in-place writes only into
     tensors whose addresses never change, marked static (torch runs any other step without its
-    graph). One length at a time: a compiled run's is the context's, eager ones vary."""
+    graph). One length at a time (a set per batch size): a compiled run's is the context."""
     store = owner.__dict__.setdefault("_kept", {})
     if any(k[1:] != key[1:] for k in store):  # another length: the old buffers go
         store.clear()

@@ -39,8 +39,9 @@
 # The full checkpoints (with their optimizers) and the distilled data stay in WORK (default
 # out/h200) on the machine, which is given back: a later session starts again from the bf16 files.
 #
-# The steps, their limits (at most 570 s) and what each should take. NOTHING HERE HAS RUN ON A
-# GPU: the times are guesses from the sizes, except where a measurement is named.
+# The steps, their limits (at most 570 s; a step that outlives its SIGINT is killed 10 s later)
+# and what each should take. NOTHING HERE HAS RUN ON A GPU: the times are guesses from the
+# sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
 # 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 204 MB of
 #    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-32 s, one core busy
@@ -91,7 +92,7 @@ LOG=${1:-${OUT:-out/h200_train}}
 W=${WORK:-out/h200}  # the fp32 checkpoints, the distilled data, the bf16 copies
 DEV=${DEVICE:-cuda}
 DRY_RUN=${DRY_RUN:-0}
-[ "$DRY_RUN" = 1 ] || mkdir -p "$LOG" "$W"
+[ "$DRY_RUN" = 1 ] || { mkdir -p "$LOG" "$W" && rm -f "$W"/*.run.pt; }  # export_all's are ours
 export PYTHONUNBUFFERED=1 PY LOG W
 failed=0
 TXT=$LOG/h200_train.txt
