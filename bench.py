@@ -155,8 +155,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print("\n" + "=" * 100 + f"\nmachine   {platform.processor() or u.machine} | {u.system} "
           f"{u.release} | {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # the last minute's (Unix)
-    if device.type == "cpu" and load > 1.5 * (os.cpu_count() or 1):  # this run alone: ~its threads
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # last minute's; alone ~2
+    if device.type == "cpu" and load > 1.5 * (os.cpu_count() or 1):
         print(f"WARNING   load average {load:.1f} on {os.cpu_count()} cores: other jobs shared "
               "them, so the speeds and ratios below mean little (taus and lossless still hold)")
     print(f"device    {device} ({gpu}) | dtype {args.dtype} | torch {torch.__version__} | CUDA "

@@ -95,8 +95,9 @@ def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0
     -> (h, logits) the next in one pass (h: eagle's feature, mtp's depth). C > 0: once every row
     drafted one it is unsure of, no more passes (cut_unsure). -> drafts (B, K'), q or None."""
     drafts, qs, conf = [], [], []
-    for i in range(K):
-        d, q = draft_token(logits, temperature, top_k, generator, sample)
+    for i in range(K):  # generator: or uniforms (B, K, 1), slot i's [:, i] (speculate.py)
+        g = generator[:, i] if torch.is_tensor(generator) else generator
+        d, q = draft_token(logits, temperature, top_k, g, sample)
         drafts.append(d)
         qs += [q] if q is not None else []
         if C > 0:  # decided after slot i is drafted: only later slots may go

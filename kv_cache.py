@@ -89,11 +89,10 @@ class KVCache:
 
 
 def kept(owner, key, make):
-    """make() -> a list of buffers (tensors, KVCaches), kept on owner under key (rows, length,
-    dtype, device) and handed out again, zeroed, by a later call with that key: for the buffers
-    a compiled step writes in place. A GPU's CUDA graphs replay in-place writes only into
-    tensors whose addresses never change, marked static (torch runs any other step without its
-    graph). One length at a time (a set per batch size): a compiled run's is the context."""
+    """make() -> buffers (tensors, KVCaches) kept on owner under key (rows, length, dtype, device),
+    handed out again, zeroed, at later calls with that key: a GPU's CUDA graphs replay in-place
+    writes only into tensors whose addresses never change, marked static (torch runs any other
+    step without its graph). One length at a time, a set per row count (compiled: the context)."""
     store = owner.__dict__.setdefault("_kept", {})
     if any(k[1:] != key[1:] for k in store):  # another length: the old buffers go
         store.clear()

@@ -248,8 +248,9 @@ def draw(probs, generator=None, u=None):
     alike, slower (1.5-1.9 ms more a DFlash pass on a CPU: docs/experiments.md)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[..., -1:]
-    if u is None:
-        u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
+    if u is None:  # generator a tensor: the uniforms, drawn before a compiled propose
+        u = generator if torch.is_tensor(generator) else torch.rand(
+            total.shape, dtype=torch.float64, generator=generator, device=probs.device)
     x = torch.minimum(u * total, total.nextafter(torch.zeros_like(total)))  # u * total may round up
     return torch.searchsorted(cdf, x, right=True)[..., 0]
 

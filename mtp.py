@@ -76,16 +76,12 @@ class MTP(nn.Module):
         return losses, torch.stack(hits).cpu(), torch.tensor(counts)
 
     def loss(self, target, tokens, feats, label_from=0):
-        """train_drafter.py's (post-hoc): tokens (B, T), feats (B, T, C) -> mean loss over
-        depths, agreement per depth."""
+        """train_drafter.py's: tokens (B, T), feats (B, T, C) -> mean loss, agreement per depth."""
         losses, hits, counts = self.losses(target, tokens, feats[:, :-1], label_from)
         return sum(losses) / len(losses), {"agree": hits, "count": counts}
 
     def config_dict(self):
         return {"depth": self.depth}
-
-    def n_params(self):
-        return sum(p.numel() for p in self.parameters())
 
 
 class MTPDrafter:
@@ -102,7 +98,7 @@ class MTPDrafter:
         self.default_K = self.max_K = n_draft       # one draft per module, no more
 
     def params(self):
-        return self.mtp.n_params()
+        return sum(p.numel() for p in self.mtp.parameters())
 
     @torch.no_grad()
     def prefill(self, tokens, n, feats):

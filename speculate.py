@@ -25,7 +25,8 @@ are the target's hidden states at the drafter's hidden_layers, concatenated (B, 
     prefill(tokens, n, feats)     after the prompt pass (a shorter row's tail is padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K' <= K), q (B, K', V)
                                   or None (argmax picks: q one-hot). NO_DRAFT (-1) in a row's
-                                  last slots ends its drafts early
+                                  last slots ends its drafts early. Compiled, generator is
+                                  float64 uniforms (B, K, 1), slot i's [:, i] (model.draw)
     update(tokens, n, feats, n_new)  feats of the verify pass; its first n_new (B,) positions
                                   are now fed for good. Whatever propose did tentatively, the
                                   drafter rolls back itself
@@ -189,8 +190,10 @@ class StepClock:
 def compiled(fn, owner, device):
     """torch.compile(fn) for generate(compile=True), kept on owner (the target, a drafter) per
     device. A GPU replays it as CUDA graphs (mode "reduce-overhead": one launch instead of
-    hundreds), a CPU runs inductor's fused kernels; one compile per shape (~30 s on a CPU)."""
+    hundreds), a CPU runs inductor's fused kernels; one compile per shape (~30 s on a CPU), and
+    per drafter and temperature: past torch's limit of 8 it would run eager, unsaid, so 64."""
     fns = owner.__dict__.setdefault("_compiled", {})
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if device not in fns:
         mode = "reduce-overhead" if device.type == "cuda" else None
         fns[device] = torch.compile(fn, mode=mode, dynamic=False)
@@ -258,7 +261,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     n, rows = lens.clone(), torch.arange(B, device=device)
     verify, cache = static_step(target, B) if compile else (target, target.new_cache(B, T_max))
     propose = getattr(drafter, "propose", None)
-    if compile and getattr(drafter, "static_shapes", False):
+    if static := compile and getattr(drafter, "static_shapes", False):
         propose = compiled(drafter.propose, drafter, device)
     # the prompt pass counts as a pass that yields one token (so plain decoding's tau is 1);
     # accepted_per_position[i] counts passes whose first i+1 drafts were ALL accepted
@@ -320,7 +323,10 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:
-            drafts, q = propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=g)
+            # compiled, the drafts' uniforms come drawn: a generator in it would break its graph
+            gen = (torch.rand(B, K, 1, dtype=torch.float64, device=device, generator=g)
+                   if static and sampling else g)
+            drafts, q = propose(tokens, n, K, temperature=temperature, top_k=top_k, generator=gen)
             valid = check_proposal(drafts, q, B, K, V, sampling)   # read back below
             if compile:  # one shape for every pass: K drafts, the missing ones empty
                 drafts = F.pad(drafts, (0, K - drafts.shape[1]), value=NO_DRAFT)

@@ -96,9 +96,8 @@ def check_block_size(args):
 
 
 # each method's constructor arguments and the flags that set them ("per method" in --help)
-MODEL_FLAGS = {"mtp": dict(depth="mtp_depth"), "eagle": dict(ttt_steps="ttt_steps"),
-               "dflash": dict(n_layer="dflash_layers", block_size="block_size",
-                              anchors="anchors", gamma="loss_decay")}
+MODEL_FLAGS = {"mtp": dict(depth="mtp_depth"), "eagle": dict(ttt_steps="ttt_steps"), "dflash": dict(
+    n_layer="dflash_layers", block_size="block_size", anchors="anchors", gamma="loss_decay")}
 
 
 def model_config(args):

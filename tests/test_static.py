@@ -118,10 +118,12 @@ def test_a_reused_drafter_decodes_as_a_fresh_one(name):
 
 
 @pytest.mark.parametrize("name", ["ngram", "draft-q", "dflash-q"])
-def test_compiled_sampling_keeps_the_target_distribution(name):
+def test_compiled_sampling_keeps_the_target_distribution(name, monkeypatch):
     """Padded drafts take other uniforms than the eager loop's, so the rows differ; their
     distribution must not (the bound of tests/test_speculate.py). draft-q and dflash-q draw
-    their drafts inside a compiled propose (the generator's draw breaks the graph there)."""
+    their drafts inside a compiled propose from uniforms drawn before it, in one graph (strict:
+    a generator there broke it in pieces, each a CUDA graph of its own, eager draws between)."""
+    strict(monkeypatch)
     target, drafter = sampling_target(), sampling_drafters()[name]
     exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
     outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
