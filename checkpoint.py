@@ -86,7 +86,7 @@ def get_device(name=None):
 
 def finite(model, where, params=None):
     """NaN/inf weights (a damaged file, a diverged run): NaN logits, refused at load and save."""
-    if not all(bool(p.isfinite().all()) for p in params or model.parameters()):
+    if not bool(torch.stack([p.isfinite().all() for p in params or model.parameters()]).all()):
         raise ValueError(f"{where}: the weights are not all finite (NaN or inf)")
     return model
 

@@ -161,8 +161,7 @@ class ModelDrafter:
         if T > ctx:  # its positions run as far as the target's
             raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
                              f"headroom), past the draft model's context of {ctx}")
-        w = self.model.head.weight
-        self.cache, = kept(self, (*tokens.shape, w.dtype, w.device),
+        self.cache, = kept(self, (*tokens.shape, self.model.head.weight.dtype, tokens.device),
                            lambda: [self.model.new_cache(tokens.shape[0], max_len=T)])
         feed_ragged(self.model, self.cache, tokens, n - 1)  # the prompts but the pending token
 

@@ -90,7 +90,7 @@ class KVCache:
 
 def kept(owner, key, make):
     """make() -> buffers (tensors, KVCaches) kept on owner under key (rows, length, dtype, device),
-    handed out again, zeroed, at later calls with that key: a GPU's CUDA graphs replay in-place
+    handed out again, emptied, at later calls with that key: a GPU's CUDA graphs replay in-place
     writes only into tensors whose addresses never change, marked static (torch runs any other
     step without its graph). One length at a time, a set per row count (compiled: the context)."""
     store = owner.__dict__.setdefault("_kept", {})
@@ -98,9 +98,10 @@ def kept(owner, key, make):
         store.clear()
     new = key not in store
     bufs = store[key] = make() if new else store[key]
-    for t in [t for b in bufs for t in ((b.k, b.v, b.lengths) if isinstance(b, KVCache) else [b])]:
-        if not new:
-            t.zero_()
-        elif t.is_cuda:
-            torch._dynamo.mark_static_address(t)
+    for b in bufs:
+        for t in ([b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b]) if new else []:
+            if t.is_cuda:
+                torch._dynamo.mark_static_address(t)
+        if not new:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
+            (b.lengths if isinstance(b, KVCache) else b).zero_()
     return bufs

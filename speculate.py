@@ -193,8 +193,8 @@ def compiled(fn, owner, device):
     hundreds), a CPU runs inductor's fused kernels; one compile per shape (~30 s on a CPU), and
     per drafter and temperature: past torch's limit of 8 it would run eager, unsaid, so 64."""
     fns = owner.__dict__.setdefault("_compiled", {})
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if device not in fns:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode = "reduce-overhead" if device.type == "cuda" else None
         fns[device] = torch.compile(fn, mode=mode, dynamic=False)
     return fns[device]
@@ -258,7 +258,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     for b, pr in enumerate(prompts[:B]):
         tokens[b, :len(pr)] = pr
     lens = torch.tensor([len(pr) for pr in prompts[:B]], device=device)  # (B,) prompt lengths
-    n, rows = lens.clone(), torch.arange(B, device=device)
+    n, rows, valid = lens.clone(), torch.arange(B, device=device), lens.new_ones((), dtype=bool)
     verify, cache = static_step(target, B) if compile else (target, target.new_cache(B, T_max))
     propose = getattr(drafter, "propose", None)
     if static := compile and getattr(drafter, "static_shapes", False):
@@ -319,7 +319,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         # 1. draft
         clock.mark("rest")
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
-        valid, past_vocab = torch.ones((), dtype=torch.bool, device=device), torch.zeros_like(done)
+        past_vocab = torch.zeros_like(done)
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:

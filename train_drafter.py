@@ -133,8 +133,9 @@ def main(args):
                       "ttt_steps", "dflash_layers", "anchors"], positive=["loss_decay"])
     if not all(0 <= t < math.inf for t in args.distill_temperatures):  # NaN too
         raise ValueError("--distill-temperatures must each be >= 0 and finite")
+    unset = apply_recipe(get_parser().parse_args(["--method", args.method]))  # flags not given
     for m, flag in ((m, f) for m, fs in MODEL_FLAGS.items() for f in fs.values()):
-        if m != args.method and getattr(args, flag) != get_parser().get_default(flag):
+        if m != args.method and getattr(args, flag) != getattr(unset, flag):
             raise ValueError(f"--{flag.replace('_', '-')} sets an option of {m}, not {args.method}")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads or torch.get_num_threads())  # 0: torch's choice
@@ -157,9 +158,8 @@ def main(args):
         ck, resume = load_run(args.resume, path, args.method)
         if ck.get("target_hash") != th:
             raise ValueError(f"{resume}: trained for target {ck.get('target_hash')}, not {th}")
-        unset = model_config(apply_recipe(get_parser().parse_args(["--method", args.method])))
-        saved = ck["config"]  # a flag given against the file's is refused
-        if bad := [k for k, v in model_config(args).items() if v not in (unset[k], saved[k])]:
+        saved, default = ck["config"], model_config(unset)  # a flag given against the file's
+        if bad := [k for k, v in model_config(args).items() if v not in (default[k], saved[k])]:
             raise ValueError(f"{resume} keeps its own " + ", ".join(f"{k} {saved[k]}" for k
                              in bad) + " (a resumed run keeps its model): leave those flags out")
     check_writable(path)
