@@ -185,7 +185,6 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
 
 
 def print_table(results, n_prompts):
-    """The table, then the acceptance chart (after the card)."""
     print(f"\n{'method':12s}{'T':>5s}{'K':>4s}{'tau':>7s}{'s.e.':>6s}{'tok/s':>9s}{'speedup':>9s}"
           f"{'predicted':>11s}  {'lossless':18s}{'params':>9s}")
     for r in results:

@@ -249,7 +249,6 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        """The newly fed positions' context K/V into every layer's cache at the row's offset."""
         k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
         kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos,
                   self.target.rope_sin)

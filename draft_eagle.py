@@ -76,8 +76,7 @@ class EagleLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, e, h, cos, sin, cache=None, pos=None, ttt_kvs=None):
-        """e, h (B, T, C): token embeddings and features -> output features (B, T, C).
-        With ttt_kvs (a list) the training-time-test attention, else cached causal attention."""
+        """e, h (B, T, C): token embeddings and features -> output features (B, T, C)."""
         x = torch.cat([self.e_norm(e), self.h_norm(h)], -1)           # (B, T, 2C)
         h = h + (self.attn(x, cos, sin, cache, 0, pos) if ttt_kvs is None
                  else ttt_attention(self.attn, x, cos, sin, ttt_kvs))

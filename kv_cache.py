@@ -31,8 +31,7 @@ import torch
 
 class KVCache:
 
-    def __init__(self, n_layer, batch_size, n_kv_head, max_len, head_dim, device="cpu",
-                 dtype=torch.float32):
+    def __init__(self, n_layer, batch_size, n_kv_head, max_len, head_dim, device, dtype):
         shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)  # (L, B, H, T_max, D)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -73,7 +72,6 @@ class KVCache:
         self.lengths += T
 
     def rollback(self, new_lengths):
-        """O(1) rollback: keep positions [0, new_lengths[b]) of each row, drop the rest."""
         self.lengths.copy_(new_lengths)
 
     def row(self, b):

@@ -145,11 +145,9 @@ def accept_scan_ref(p, drafts, q=None, uniforms=None):
     r = (p_n - q_n).clamp(min=0)
     # NOTE: rejecting a real draft implies p_i(d_i) < q_i(d_i), and an empty slot leaves r = p,
     # so sum(r) > 0 in exact arithmetic; guard against rounding anyway by falling back to p.
-    total = r.sum(-1, keepdim=True)
-    r = torch.where(total > 0, r, p_n)
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_n)
     # inverse CDF in float64, as plain decoding draws (no mass at all: V - 1, as the kernel)
-    nxt = draw(r, u=uniforms[:, K:K1]).clamp(max=V - 1)
-    return n_acc, nxt
+    return n_acc, draw(r, u=uniforms[:, K:K1]).clamp(max=V - 1)
 
 
 def accept_scan(p, drafts, q=None, uniforms=None):
@@ -178,7 +176,6 @@ class StepClock:
         self.marks.append((part, now))
 
     def seconds(self):
-        """-> {"draft_s", "verify_s", "rest_s"}, each the sum of its part's intervals."""
         if self.cuda:
             self.marks[-1][1].synchronize()
         out = dict(draft_s=0.0, verify_s=0.0, rest_s=0.0)

@@ -42,7 +42,6 @@ def get_batch(tokens, batch_size, seq_len, gen, device):
 
 
 def lr_at(frac, step, args):
-    """Linear warm-up over --warmup-steps, then cosine from lr down to lr / 10."""
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
     cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
@@ -85,8 +84,7 @@ def load_run(resume, out_path, kind):
     return load_checkpoint(path, kind=kind), path
 
 
-def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_path, ck=None,
-               ck_path=None):
+def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_path, ck, ck_path):
     """Continue checkpoint ck (from ck_path) if any; until --minutes or --max-steps runs out, set
     the lr to lr_fn(fraction done, step) and step on train_step(step) -> (loss, its log text as a
     callable: only printed steps sync), clipped at norm 1.0 (both recipes'). Print report() every

@@ -101,8 +101,7 @@ MODEL_FLAGS = {"mtp": dict(depth="mtp_depth"), "eagle": dict(ttt_steps="ttt_step
 
 
 def model_config(args):
-    """A fresh drafter's constructor arguments, from the flags (a resumed one takes its file's).
-    DFlash reads 5 target layers spread below the last (feature_layers), all of a shallower one."""
+    """A fresh drafter's constructor arguments, from the flags (a resumed one takes its file's)."""
     return {k: getattr(args, flag) for k, flag in MODEL_FLAGS[args.method].items()}
 
 
@@ -121,7 +120,6 @@ def evaluate(model, target, val, val_feats, batch_size, label_from):
 
 
 def apply_recipe(args):
-    """Flags left unset take the method's RECIPE; flags given win."""
     for k, v in RECIPE[args.method].items():
         setattr(args, k, v if getattr(args, k) is None else getattr(args, k))
     return args

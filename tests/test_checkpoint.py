@@ -136,6 +136,32 @@ def test_native_mtp_heads_in_the_target_need_no_mtp_checkpoint(tmp_path):
     assert out == speculate.generate(target, [[1, 2, 3]], None, max_new_tokens=4)[0]
 
 
+def test_a_config_that_does_not_fit_its_weights_is_one_error_line(tmp_path):
+    """A hand-edited config (a field the model does not take, one block more than the tensors)
+    was a TypeError or a RuntimeError traceback listing every missing tensor."""
+    from test_dflash import random_dflash
+    save_tiny(tmp_path / "target.pt")
+    target = load_target(str(tmp_path / "target.pt"))
+    df = random_dflash(target.cfg)
+    good = dict(kind="dflash", config=df.config_dict(), state_dict=df.state_dict(),
+                target_hash=weights_hash(target.cfg, target.state_dict()))
+    ck = load_checkpoint(str(tmp_path / "target.pt"))
+    for path, edited, why in [
+            (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layers": 3}),
+             "TypeError: .*unexpected keyword argument 'n_layers'"),
+            (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layer": 3}),
+             r"RuntimeError: Error\(s\) in loading state_dict for DFlash: Missing key"),
+            (tmp_path / "t2.pt", dict(ck, config={**ck["config"], "n_layer": 3}),
+             r"RuntimeError: Error\(s\) in loading state_dict for Transformer: Missing key")]:
+        save_checkpoint(str(path), edited)
+        with pytest.raises(ValueError, match=f"^{path}: damaged \\({why}") as e:
+            checkpoint.load_drafter("dflash", target, str(tmp_path)) if path.name == "dflash.pt" \
+                else load_target(str(path))
+        assert "\n" not in str(e.value) and len(str(e.value)) < 300
+    save_checkpoint(str(tmp_path / "dflash.pt"), good)  # the same file unedited loads
+    assert checkpoint.load_drafter("dflash", target, str(tmp_path)).dflash.config_dict() == df.config_dict()
+
+
 # -----------------------------------------------------------------------------
 # the scripts' helpers: get_device, check_writable, DefaultsHelp
 
