@@ -245,3 +245,94 @@ def test_K_caps_the_trees_depth(T):
     assert len(st["attempts_per_position"]) == 2 and st["tau"] <= 3
     if T == 0:
         assert outs == [naive_generate(target, p, 12) for p in PROMPTS]
+
+
+def test_a_node_judges_each_later_child_against_q_without_the_rejected_ones():
+    """Sampling, one node: its children are a draw from q without replacement, so after a
+    rejection the next child is judged against q without the rejected ones, renormalized; the
+    emitted token must follow p. Here q puts .93 on a token p gives .10: keeping the rejected
+    child's mass in q (forgetting q[c] = 0) skewed the output by a TV of 0.43."""
+    p = torch.tensor([0.12, 0.10, 0.11, 0.67])
+    q = torch.tensor([0.04, 0.93, 0.01, 0.02])
+    g, out = torch.Generator().manual_seed(0), []
+    for _ in range(2000):
+        toks, _, _ = tree.build_tree(q[None], 2, g=g)  # two root children, drawn as verify's
+        node, t = tree.sample_node(p, q, [(c, i + 1) for i, c in enumerate(toks)], g)
+        out.append(toks[node - 1] if node is not None else t)
+    freq = torch.bincount(torch.tensor(out), minlength=4) / len(out)
+    assert 0.5 * float((freq - p).abs().sum()) < 0.05, freq.tolist()  # ~0.01 by chance
+
+
+class PeakedSlots:
+    """A stand-in for DFlash whose depths draft very differently (all a tree step reads is
+    block_logits): depth 1 puts ~.995 of q on the target's second choice c, depth 2 leaves c
+    ~1e-4, the rest on three other tokens (in the top-k, so that c keeps some mass there)."""
+    hidden_layers = ()
+
+    def __init__(self, target):
+        self.target = target
+
+    def prefill(self, *args):
+        pass
+    update = refill = prefill
+
+    def block_logits(self, tokens, n, S):
+        B, V = len(n), self.target.cfg.vocab_size
+        logits = self.target(tokens[:, :int(n.max())])[0]          # causal: padding unread
+        c = logits[torch.arange(B), n - 1].topk(2).indices[:, 1]    # (B,) the second choice
+        others = (c[:, None] + torch.arange(1, 4)) % V              # (B, 3)
+        out = torch.zeros(B, S, V)
+        out[:, 1].scatter_(1, c[:, None], 8.0)
+        out[:, 2:] = -20.0
+        out[:, 2:].scatter_(2, others[:, None].expand(-1, S - 2, -1), 8.0)
+        out[:, 2:].scatter_(2, c[:, None, None].expand(-1, S - 2, 1), 0.0)
+        return out
+
+
+def test_each_node_judges_its_children_by_the_q_of_their_own_depth():
+    """Sampling: a node at depth d drew its children from the q of depth d + 1 (q[:, d]), and
+    must judge them by it. Read at the next depth (q[:, d + 1]), c, drawn with q ~.995 but
+    judged with q ~1e-4, was accepted whenever p gave it any mass (output TV 0.71); the
+    random DFlash of the other tests drafts alike at every depth, so they did not see it."""
+    target = sampling_target()
+    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
+    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS,
+                                  PeakedSlots(target), max_new_tokens=SAMPLE_TOKENS, K=2,
+                                  temperature=1.0, top_k=TOP_K, seed=0, tree=tree.DraftTree(3))
+    tv = total_variation(Counter(tuple(o) for o in outs), exact)
+    assert tv < tv_bound(exact, SAMPLE_ROWS), tv
+    assert 0.05 < st["acceptance_per_position"][0] < 0.95, st["acceptance_per_position"]
+
+
+class FeatureCheckingDrafter(DFlashDrafter):
+    """Checks in every update that the features it gets for the newly fed positions are the
+    target's hidden states there, as a fresh forward of the committed tokens gives them."""
+    checks = 0
+
+    def update(self, tokens, n, feats, n_new):
+        if feats.shape[1] > 1:  # not the prefill's
+            for b in range(tokens.shape[0]):
+                fed, k = int(n[b]) - 1, int(n_new[b])
+                _, hidden = self.target(tokens[b:b + 1, :fed], hidden_layers=self.hidden_layers)
+                fresh = torch.cat(hidden, -1)[0, fed - k:fed]                   # (k, F)
+                assert torch.allclose(feats[b, :k], fresh, atol=1e-5), (b, k)
+                FeatureCheckingDrafter.checks += k > 2  # a path of two drafts or more
+        super().update(tokens, n, feats, n_new)
+
+
+def test_the_drafter_gets_the_accepted_paths_features():
+    """verify hands the drafter the hidden states of [root, accepted path], gathered from the
+    tree pass by node index. Handing it the first nodes' instead (the path when it is the first
+    branch grown, not otherwise) stays lossless but feeds DFlash the context of tokens that
+    were never committed, so its later drafts go wrong: no other test looked."""
+    target = tiny_model(4)
+    with torch.no_grad():  # damp attention: a near-bigram target its drafter often agrees with
+        for blk in target.blocks:
+            blk.attn.wo.weight.mul_(0.02)
+    drafter = FeatureCheckingDrafter(target, random_dflash(target.cfg, 101, 6))
+    text = naive_generate(target, [5, 6], 40)
+    batch = [text[:12], text[3:20], [1, 2]]
+    outs, _ = speculate.generate(target, batch, drafter, max_new_tokens=16,
+                                 tree=tree.DraftTree(12))
+    assert outs == [naive_generate(target, p, 16) for p in batch]
+    assert FeatureCheckingDrafter.checks > 0
