@@ -233,6 +233,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     tree = tree or getattr(drafter, "tree", None)
     if tree is not None and not hasattr(drafter, "block_logits"):  # DFlash's one-pass block
         raise ValueError("tree= verifies a tree of DFlash's candidates: it needs a DFlash drafter")
+    compile = compile and tree is None  # a tree's passes run eager: a static context only costs
     device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
