@@ -39,12 +39,13 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
     tokenizer when it is not ours (a Hugging Face folder): windows are re-encoded with it."""
     tokens = data.load_tokens(split, corpus=corpus)
     batch = min(batch, -(-n_seqs // len(temperatures)))  # a batch per temperature at least
+    span = 4 * prompt_len if enc is not None else prompt_len  # windows whole, re-encoded too
     g, out, t0 = torch.Generator().manual_seed(seed), [], time.time()
     for i in range(0, n_seqs, batch):
-        ix = torch.randint(len(tokens) - prompt_len, (min(batch, n_seqs - i),), generator=g)
+        ix = torch.randint(len(tokens) - span, (min(batch, n_seqs - i),), generator=g)
         prompts = [tokens[j:j + prompt_len].astype(np.int64).tolist() for j in ix.tolist()]
         if enc is not None:  # the same text in its tokens: 4x ours is plenty for prompt_len
-            texts = [data.get_encoding().decode(tokens[j:j + 4 * prompt_len].tolist()) for j in ix]
+            texts = [data.get_encoding().decode(tokens[j:j + span].tolist()) for j in ix]
             prompts = [enc.encode_ordinary(t)[:prompt_len] for t in texts]
         temp = temperatures[(i // batch) % len(temperatures)]
         # a seed per batch: one for all would give every sampled batch the same random stream

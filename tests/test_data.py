@@ -220,6 +220,18 @@ def test_bins_are_rebuilt_when_one_is_missing_or_the_corpus_changes(tmp_path, mo
     assert data.prepare(out, rebuild=True)["files"]["train"] == 2  # rebuild=True bypasses the in-process cache
 
 
+def test_bins_are_rebuilt_when_only_the_held_out_files_change(tmp_path, monkeypatch):
+    """The corpus fingerprint covers the val listing too: a file added to the held-out split
+    alone (another Python version's stdlib, one more held-out file) rebuilds val.bin. A
+    fingerprint of the train listing only kept serving the old val.bin, so the validation loss
+    and the distilled val data silently came from other files than the split says."""
+    files = tiny_corpus(tmp_path, monkeypatch)
+    out = str(tmp_path / "out")
+    assert data._prepare(out, False)["files"]["val"] == 1
+    files["val"].append(("c", str(tmp_path / "c.py")))
+    assert data._prepare(out, False)["files"]["val"] == 2
+
+
 def test_two_builds_of_the_same_bins_side_by_side_do_not_collide(tmp_path, monkeypatch):
     """Two runs started on the same missing cache (two drafters trained side by side) each build
     it. They shared one train.bin.tmp, and the later rename found it gone; here a second build

@@ -72,6 +72,48 @@ def test_a_transformers_qwen3_loads_with_its_logits(tmp_path, tied, dtype, shard
         assert (again(ids).logits - ours(ids)[0]).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("change", [
+    {"rope_parameters": None},                       # no RoPE field at all: theta 10,000
+    {"rope_theta": 1e6},                             # both: transformers 5 reads rope_parameters
+    {"tie_word_embeddings": None},                   # absent: untied, lm_head in the file
+])
+def test_config_fields_left_out_or_doubled_read_as_transformers_reads_them(tmp_path, change):
+    """A config.json written by hand or by another version may leave out rope_theta or
+    tie_word_embeddings, or carry both rope_theta and rope_parameters: each is read as
+    transformers reads it, the same logits. (A default theta of 1e6, the top-level theta
+    preferred, or a missing tie read as tied loaded a model with other logits, silently;
+    transformers' own configs always write both fields, so the test above saw none of it.)"""
+    folder, _ = hf_qwen3(tmp_path)
+    path = os.path.join(folder, "config.json")
+    c = json.load(open(path))
+    for k, v in change.items():
+        if v is None:
+            c.pop(k)
+        else:
+            c[k] = v
+    json.dump(c, open(path, "w"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (load_target(folder)(ids)[0] - hf(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_a_tied_checkpoint_that_stores_lm_head_anyway_loads(tmp_path):
+    """Some tied checkpoints also store lm_head.weight (a copy of the embedding): it is dropped,
+    not refused as an unexpected tensor, and the model has transformers' logits."""
+    from safetensors.torch import load_file, save_file
+    folder, _ = hf_qwen3(tmp_path, tied=True)
+    weights = os.path.join(folder, "model.safetensors")
+    sd = load_file(weights)
+    assert "lm_head.weight" not in sd
+    save_file({**sd, "lm_head.weight": sd["model.embed_tokens.weight"].clone()}, weights,
+              metadata={"format": "pt"})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (load_target(folder)(ids)[0] - hf(ids).logits).abs().max().item() <= 1e-5
+
+
 def test_our_tokenizer_exports_to_a_tokenizer_json_with_the_same_ids(tmp_path):
     enc = data.get_encoding()
     hf_export.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR)
@@ -208,6 +250,9 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
             ({"dflash_config": {**dc, "target_layer_ids": [1, 3]}}, r"\[1, 3\] of 3 do not fit"),
             ({"dflash_config": {**dc, "target_layer_ids": [1, 0]}}, r"\[1, 0\] of 3 do not fit"),
             ({"num_target_layers": 36}, r"of 36 do not fit a target of 3"),  # ids fit, not its
+            # the drafter rotates with the target's RoPE tables: another theta is refused, not
+            # run silently at the target's
+            ({"rope_theta": 1e6}, "RoPE theta"),
             ({"dflash_config": {**dc, "mask_token_id": float(V - 1)}}, "mask_token_id 96.0")]:
         json.dump({**dgood, **change}, open(dpath, "w"))
         with pytest.raises(ValueError, match=message):

@@ -155,6 +155,64 @@ def test_a_resumed_run_takes_the_model_shape_from_its_file(tmp_path, capsys):
     assert "preset tiny" in capsys.readouterr().out
 
 
+def test_a_resumed_run_goes_on_with_its_native_mtp_heads(tmp_path):
+    """--resume restores the native MTP heads with the target: a finished run resumed with no
+    step left saves the heads it was given back unchanged. (A resume that rebuilt them afresh,
+    the load of mtp_state_dict dropped, went on training heads at their initial weights, and
+    the run file test above, which checks only that some heads were saved, passed.)"""
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--mtp-depth", "1",
+                        "--lr", "0.01", "--warmup-steps", "0"))
+    before = load_checkpoint(str(tmp_path / "t.pt"))["mtp_state_dict"]
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--resume"))  # no step left
+    after = load_checkpoint(str(tmp_path / "t.pt"))["mtp_state_dict"]
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_resumed_run_draws_other_batches_than_its_first_steps(tmp_path, monkeypatch):
+    """The batch generator of a resumed run is seeded by the seed and the step it resumes at,
+    so its batches are not the ones the run began with (seeded by --seed alone, a run resumed
+    every few minutes trains on the same few batches over and over)."""
+    drawn, real = [], train.get_batch
+    monkeypatch.setattr(train, "get_batch", lambda *a: drawn.append(real(*a)) or drawn[-1])
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "1"))
+    first = drawn[-1]  # --eval-batches 1: the validation batch, then step 0's
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "2", "--resume"))
+    assert len(drawn) == 4 and not torch.equal(drawn[-1], first)  # step 1's, after the resume
+
+
+def test_each_step_applies_its_own_gradient_only(tmp_path):
+    """train_loop zeroes the gradients before every backward: with plain SGD at lr 1 and a loss
+    whose gradient is the constant g (norm 0.5, under the clip), n steps move the weight by
+    n g. Without the zeroing the gradients pile up (g, 2g, 3g: 6 g after 3 steps), which no
+    end-to-end test saw: training still lowers the loss, only worse."""
+    w = torch.nn.Parameter(torch.zeros(4))
+    g = torch.tensor([0.3, -0.4, 0.0, 0.0])
+    opt = torch.optim.SGD([w], lr=1.0)
+    args = argparse.Namespace(minutes=60.0, max_steps=3, eval_every=100, save_minutes=0)
+    model = torch.nn.Module()
+    model.w = w
+    train.train_loop(args, model, opt, [w], lambda frac, step: 1.0,
+                     lambda step: ((w * g).sum(), lambda: ""), lambda: "", dict,
+                     str(tmp_path / "toy.pt"), None, None)
+    assert torch.allclose(w.detach(), -3 * g)
+
+
+def test_resume_takes_the_run_file_over_an_older_finished_checkpoint(tmp_path):
+    """A finished run extended with --resume and a larger budget, then killed, leaves both its
+    old checkpoint and the newer run file: --resume alone goes on from the run file. (Taking
+    the finished checkpoint whenever it exists threw the extension's steps away.)"""
+    train.main(tiny_run(tmp_path, *SMALL, "--max-steps", "1"))
+    out, run = str(tmp_path / "t.pt"), str(tmp_path / "t.run.pt")
+    ck = load_checkpoint(out)
+    save_checkpoint(run, {**ck, "step": 5})  # the extension, killed at step 5
+    got, path = train.load_run("", out, "target")
+    assert path == run and got["step"] == 5
+    os.remove(run)  # no run file: the finished checkpoint, to extend it
+    got, path = train.load_run("", out, "target")
+    assert path == out and got["step"] == 1
+
+
 def test_ctrl_c_saves_the_steps_so_far_to_the_run_file(tmp_path, monkeypatch):
     """Ctrl-C in the loop lost up to --save-minutes of work with a traceback; now the run file
     gets the steps done, the interrupt names it for --resume (the same command may name another

@@ -365,7 +365,9 @@ def test_distill_temperatures_are_numbers():
     (["--save-minutes", "-1"], "--save-minutes must be >= 0"),
     (["--lr", "-1"], "--lr must be > 0"),
     (["--distill-temperatures", "0,-1"], "--distill-temperatures must each be >= 0 and finite"),
-    (["--distill-temperatures", "nan"], "--distill-temperatures must each be >= 0 and finite")])
+    (["--distill-temperatures", "nan"], "--distill-temperatures must each be >= 0 and finite"),
+    # 16 + 240 = the tiny target's 256: generate keeps a position free, so this is one too many
+    (["--gen-len", "240"], "--prompt-len \\+ --gen-len must be below the target's context of 256")])
 def test_drafter_flags_that_would_be_ignored_or_cut_are_refused(target_dir, tmp_path, flags,
                                                                 message):
     """--loss-decay 0 fell back to the default, and a block past the sequence had no labels."""
@@ -514,6 +516,44 @@ def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir,
         assert len(set(rows)) == 8, e
 
 
+def test_each_epoch_reshuffles_the_sequences(target_dir, monkeypatch):
+    """The order of an epoch is a permutation seeded by (seed, epoch): epoch 1 is not epoch 0
+    again. A permutation seeded by the seed alone kept every epoch full and free of repeats (the
+    test above passed) while replaying the same batches in the same order each epoch."""
+    cls = drafter_class(target_dir, "mtp")
+    batches, real = [], cls.loss
+
+    def loss(self, target, tok, *a, **k):
+        if self.training:
+            batches.append([tuple(r) for r in tok.tolist()])
+        return real(self, target, tok, *a, **k)
+    monkeypatch.setattr(cls, "loss", loss)
+    run(target_dir, "mtp", "--n-seqs", "10", "--max-steps", "4", "--eval-every", "1000")
+    assert len(batches) == 4 and batches[0:2] != batches[2:4]  # epochs 0 and 1
+
+
+def test_the_drafter_trains_on_the_features_it_drafts_with(target_dir, monkeypatch):
+    """Training hands the loss the target's hidden states at the drafter's hidden_layers,
+    concatenated in that order, as speculate.generate hands them to the drafter at inference.
+    EAGLE on the 2-block tiny target reads layers (0, 1, 2): concatenated in another order
+    (reversed, say) every run still trained, saved and decoded losslessly, on features the
+    drafter never sees when it drafts."""
+    cls = drafter_class(target_dir, "eagle")
+    seen, real = [], cls.loss
+
+    def loss(self, target, tok, feats, *a, **k):
+        seen.append((self.hidden_layers, tok, feats))
+        return real(self, target, tok, feats, *a, **k)
+    monkeypatch.setattr(cls, "loss", loss)
+    run(target_dir, "eagle", "--max-steps", "1", "--eval-every", "1000")
+    target = load_target(str(target_dir / "target.pt"))
+    assert seen and len(seen[0][0]) == 3
+    for layers, tok, feats in seen:  # the training step's and the evaluations'
+        with torch.no_grad():
+            want = torch.cat(target(tok, hidden_layers=layers)[1], -1)
+        assert torch.allclose(feats, want, atol=1e-5)
+
+
 def test_a_hugging_face_target_gets_a_drafter_that_exports_to_zlab(target_dir, tmp_path):
     """Issue 51's path for a real model: train_drafter.py on a Qwen3 folder (its prompts in the
     folder's tokenizer), dev/hf_export.py exports the drafter alone in z-lab's layout (the target
@@ -531,3 +571,19 @@ def test_a_hugging_face_target_gets_a_drafter_that_exports_to_zlab(target_dir, t
                        "ar,dflash", "--temperatures", "0", "--n-prompts", "1",
                        "--max-new-tokens", "8", "--threads", "1"])
     assert [r["lossless"] for r in rows] == [True, True]
+
+
+def test_a_coarser_tokenizer_gets_whole_prompts_from_windows_near_the_end(target_dir, monkeypatch):
+    """A target with its own tokenizer (a Hugging Face folder) gets each window re-encoded. A
+    window drawn near the end of the stream held as few as prompt_len of our tokens, which a
+    coarser tokenizer turned into fewer: torch.tensor failed after the whole distillation."""
+    class Coarser:  # 3/4 as many tokens for the same text
+        def encode_ordinary(self, t):
+            ids = data.get_encoding().encode_ordinary(t)
+            return ids[::2] + ids[1::2][:len(ids) // 4]
+    text = "def f(x):\n    return x + 1\n" * 40
+    stream = np.array(data.get_encoding().encode_ordinary(text), dtype=np.uint16)
+    monkeypatch.setattr(data, "load_tokens", lambda split, corpus="small": stream)
+    target = load_target(str(target_dir / "target.pt"))
+    out = train_drafter.build_distill_data(target, 64, 16, 4, [0.0], enc=Coarser(), batch=64)
+    assert out.shape == (64, 20)
