@@ -13,6 +13,7 @@ import json
 import os
 import zipfile
 from dataclasses import asdict
+from inspect import signature
 
 import torch
 
@@ -99,20 +100,18 @@ def load_target(path, device="cpu", dtype=torch.float32):
     if ckpt.get("tokenizer") != data.tokenizer_hash():
         raise ValueError(f"{path}: trained with tokenizer {ckpt.get('tokenizer')}, "
                          f"but tokenizer.tiktoken is {data.tokenizer_hash()}; retrain the target")
-    model = fitted(lambda: Transformer(Config(**ckpt["config"])), ckpt["state_dict"], path)
+    cfg = interop.readable(lambda _: Config(**ckpt["config"]), path)
+    model = fitted(Transformer(cfg), ckpt["state_dict"], path)
     model.to(device=device, dtype=dtype).eval()
     model.ckpt = ckpt  # keep args, native mtp heads, etc. for whoever needs them
     return finite(model, path)
 
 
-def fitted(make, sd, where):
-    """make() -> a model, sd's tensors loaded into it as fp32; a config or tensors that do not
-    fit (a hand-edited file, another shape's weights) end in one line that names where."""
-    def build(_):
-        model = make()
-        model.load_state_dict({k: v.float() for k, v in sd.items()})
-        return model
-    return interop.readable(build, where)
+def fitted(model, sd, where):
+    """model with sd's tensors; missing, unexpected or misshapen ones (a hand-edited config,
+    another model's weights) are refused in one line that names where, before any is copied."""
+    interop.load_renamed(model, sd, {k: k for k in model.state_dict()}, where)
+    return model
 
 
 def load_tokenizer(target_path):
@@ -141,21 +140,21 @@ def load_drafter(method, target, folder, block_size=None, dflash_sample=True, mt
     native = getattr(target, "ckpt", {}).get("mtp_state_dict")
     src = os.path.join(folder, f"{kind}.pt")
     if kind == "mtp" and native:
-        make, sd = lambda: MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native
         src = "the target's own heads"
+        model = fitted(MTP(target.cfg, target.ckpt["args"]["mtp_depth"]), native, src)
     elif (kind == "dflash" and os.path.isfile(os.path.join(folder, "config.json"))
           and not os.path.isfile(src)):  # a dflash.pt beside it is ours, and checked: it wins
         model = interop.readable(interop.load_zlab_dflash, folder, target)
         src = f"z-lab folder {folder}"
-        make, sd = (lambda: model), model.state_dict()
     else:
         ck = load_checkpoint(src, kind=kind)
         th = weights_hash(target.cfg, target.state_dict())
         if ck.get("target_hash") != th:
             raise ValueError(f"{src}: trained for target {ck.get('target_hash')}, not this one "
                              f"({th}); retrain it with train_drafter.py --method {kind}")
-        make, sd = lambda: FEATURE_DRAFTERS[kind](target.cfg, **ck["config"]), ck["state_dict"]
-    model = fitted(make, sd, src)
+        if bad := sorted(set(ck["config"]) - set(signature(FEATURE_DRAFTERS[kind]).parameters)):
+            raise ValueError(f"{src}: config fields {kind} does not take: {', '.join(bad)}")
+        model = fitted(FEATURE_DRAFTERS[kind](target.cfg, **ck["config"]), ck["state_dict"], src)
     finite(model, src).to(target.head.weight).eval()  # the target's device and dtype
     n = sum(p.numel() for p in model.parameters())
     print(f"{method}: {n / 1e6:.2f}M params, target layers {model.hidden_layers} ({src})")

@@ -45,17 +45,15 @@ QWEN3_NAMES = dict(n_embd="hidden_size", n_layer="num_hidden_layers", n_head="nu
 
 # folders: config.json and safetensors
 def readable(load, folder, *args):
-    """load(folder, *args), with a damaged folder's or checkpoint's error (a field missing or of
-    the wrong type, a truncated or unparsable file, tensors of another shape) as one line that
-    names it."""
+    """load(folder, *args), with a damaged folder's error (a field missing or of the wrong type,
+    a truncated or unparsable file) as one line that names the folder."""
     try:
         return load(folder, *args)
     except FileNotFoundError:  # already one line that names the file
         raise
     except (KeyError, TypeError, AttributeError, OSError, SafetensorError, UnicodeError,
-            json.JSONDecodeError, RuntimeError) as e:  # load_state_dict's are many lines
-        raise ValueError(f"{folder}: damaged ({type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]})") from None
+            json.JSONDecodeError) as e:
+        raise ValueError(f"{folder}: damaged ({type(e).__name__}: {e})") from None
 
 
 def read_config(folder, architecture):

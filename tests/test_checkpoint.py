@@ -148,13 +148,13 @@ def test_a_config_that_does_not_fit_its_weights_is_one_error_line(tmp_path):
     ck = load_checkpoint(str(tmp_path / "target.pt"))
     for path, edited, why in [
             (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layers": 3}),
-             "TypeError: .*unexpected keyword argument 'n_layers'"),
+             "config fields dflash does not take: n_layers"),
             (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layer": 3}),
-             r"RuntimeError: Error\(s\) in loading state_dict for DFlash: Missing key"),
+             r"\d+ tensors missing, e.g. layers.2."),
             (tmp_path / "t2.pt", dict(ck, config={**ck["config"], "n_layer": 3}),
-             r"RuntimeError: Error\(s\) in loading state_dict for Transformer: Missing key")]:
+             r"\d+ tensors missing, e.g. blocks.2.")]:
         save_checkpoint(str(path), edited)
-        with pytest.raises(ValueError, match=f"^{path}: damaged \\({why}") as e:
+        with pytest.raises(ValueError, match=f"^{path}: {why}") as e:
             checkpoint.load_drafter("dflash", target, str(tmp_path)) if path.name == "dflash.pt" \
                 else load_target(str(path))
         assert "\n" not in str(e.value) and len(str(e.value)) < 300

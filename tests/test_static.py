@@ -163,14 +163,8 @@ class OneShort:
     def __init__(self, inner):
         self.inner, self.hidden_layers = inner, inner.hidden_layers
 
-    def prefill(self, *args):
-        self.inner.prefill(*args)
-
-    def update(self, *args):
-        self.inner.update(*args)
-
-    def refill(self, *args):
-        self.inner.refill(*args)
+    def __getattr__(self, name):  # prefill, update, refill: the inner drafter's
+        return getattr(self.inner, name)
 
     def propose(self, tokens, n, K, **kw):
         drafts, q = self.inner.propose(tokens, n, K, **kw)
