@@ -175,8 +175,8 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
                      for m, d in drafters.items() if d)
     print(f"drafts    {f'K per step: {runs}' if runs else 'none (ar only)'} | timing: median of "
           f"{args.repeats} run(s) after a warm-up")
-    hot = "/".join(f"{t:g}" for t in repeats if t > 0)
-    trust = f"the T={hot} rows" if hot else "sampled rows (--temperatures 0,1)"
+    hot = "/".join(f"{t:g}" for t, r in repeats.items() if t > 0 and r <= REPEAT_WARN)
+    trust = f"the T={hot} rows" if hot else "sampled rows (T > 0) of a target that does not loop"
     for T, r in repeats.items():
         print(f"target    repeats {r:.1%} of its 8-grams at T={T:g} (plain decoding; code: ~2%)")
         if r > REPEAT_WARN:  # tau at T = 0 flatters every drafter on a target that loops

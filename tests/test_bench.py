@@ -351,7 +351,7 @@ def test_card_warns_when_the_target_loops(capsys, monkeypatch):
         out = capsys.readouterr().out
         assert ("WARNING" in out) == warn, r
         assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
-        assert ("trust sampled rows (--temperatures 0,1)" in out) == warn  # there are no T=1 rows to trust
+        assert ("trust sampled rows (T > 0) of a target that does not loop" in out) == warn  # there are no T=1 rows to trust
     bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 1.0: 0.0})
     assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
     bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 0.7: 0.0})
@@ -664,3 +664,174 @@ def test_a_prompt_too_long_for_the_trees_headroom_is_refused_before_any_work(cap
     with pytest.raises(SystemExit) as e:
         bench.main(flags)
     assert e.value.code == 2 and "+ 33 verify positions exceed the context" in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# mutation audit (bench.py, dev/sweep.py, dev/plot.py): pure checks of what the table trusts
+
+def test_a_row_that_ends_early_or_ties_is_not_lossless():
+    """A row that stops short of plain decoding's, or runs past it, has gap None and still
+    differs: lossless is False ("no gaps", not "no truthy gap": None and a tie's 0.0 are falsy)."""
+    target = tiny_model()
+    early = bench.lossless(target, [[5], [6]], [[1, 2], [4]], [[1, 2, 3], [4]], 0)
+    assert early == dict(lossless=False, mismatches=1, first_difference_gaps=[None])
+    assert bench.lossless(target, [[5]], [[1, 2, 3]], [[1, 2]], 0.0)["lossless"] is False  # ran longer
+
+
+def test_run_keeps_a_position_drafted_but_never_accepted_as_alpha_0(monkeypatch):
+    """alpha leaves out only positions no pass drafted; one drafted and never accepted is 0, so
+    the acceptance line shows where the drafter stops being right."""
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: ([[1, 2, 3]], dict(
+        verify_passes=2, draft_s=0.0, verify_s=1.0, rest_s=0.0, row_passes=[2],
+        accepted_per_position=[1, 0, 0], attempts_per_position=[2, 2, 0])))
+    args = argparse.Namespace(continuous=False, max_new_tokens=3, top_k=None, seed=0, compile=False)
+    assert bench.run(tiny_model(), None, [[1]], 3, 0.0, args, 1)[1]["alpha"] == [0.5, 0.0]
+
+
+@pytest.mark.parametrize("continuous, shapes", [(False, [2, 1]), (True, [2])])
+def test_warm_up_runs_every_row_at_every_batch_shape_before_any_timed_run(monkeypatch, continuous, shapes):
+    """Three prompts at batch 2: the timed runs take a batch of 2 and a last one of 1, so the
+    untimed warm-up (compiled: where graphs are recorded) runs both for every method and T,
+    before the first timed run; --continuous keeps 2 rows throughout: one shape."""
+    events = []
+
+    def run(target, drafter, prompts, K, T, args, batch_size):
+        events.append(("run", drafter, T))
+        return [[1, 2]], dict(wall_s=1.0, tau=1.0, tau_se=0.0, new_tokens=2, acc=[], alpha=[],
+                              draft_row_passes=0, draft_s=0.0, verify_s=1.0, rest_s=0.0, verify_passes=2)
+
+    monkeypatch.setattr(bench, "run", run)
+    monkeypatch.setattr(bench, "generate", lambda t, p, d, **k: events.append(("warm", d, k["temperature"], len(p))))
+    args = argparse.Namespace(repeats=1, compile=False, continuous=continuous)
+    bench.bench_rows(None, {"ar": "ar", "ngram": "ngram"}, {"ar": 0, "ngram": 3}, [[1], [2], [3]], [0.0, 1.0], 2, args)
+    warm = [e for e in events if e[0] == "warm"]
+    assert events[:len(warm)] == warm and len(events) == len(warm) + 4  # all warm-ups first, then 4 runs
+    assert sorted(warm) == sorted(("warm", m, T, b) for m in ("ar", "ngram") for T in (0.0, 1.0) for b in shapes)
+
+
+def test_the_cards_repetition_figure_is_plain_decodings(weights, prompts_file, monkeypatch, capsys):
+    """The warning reads ar's repeat8 at each T, not whichever method's row came last (a drafter
+    that loops must not flag the target, nor one that does not hide a looping target)."""
+    def row(m, T, rep):
+        return dict(method=m, temperature=T, K=0, tau=1.0, tau_se=0.0, tokens_per_s=1.0, speedup=1.0,
+                    predicted_speedup=1.0, lossless=True, mismatches=0, drafter_params=0,
+                    acceptance_per_position=[], first_difference_gaps=[], repeat8=rep,
+                    step_ms=dict(draft=0.0, verify=1.0, rest=0.0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(bench, "bench_rows", lambda *a: [row("ar", 0.0, 0.05), row("ngram", 0.0, 0.5),
+                                                         row("ar", 1.0, 0.5), row("ngram", 1.0, 0.0)])
+    bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,ngram", "--temperatures", "0,1",
+                "--prompts", str(prompts_file), "--max-new-tokens", "2"])
+    out = capsys.readouterr().out
+    assert "repeats 5.0% of its 8-grams at T=0 " in out and "repeats 50.0% of its 8-grams at T=1 " in out
+    assert "WARNING   the target loops at T=1 " in out and "loops at T=0 " not in out
+    assert "trust the T=1 rows" not in out  # the advice named the very rows it flagged
+
+
+def test_load_warning_is_strictly_above_one_and_a_half_loads_a_core(capsys, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
+    for load, warn in ((3.0, False), (3.01, True)):
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+        bench.print_card(bench.get_parser().parse_args([]), torch.device("cpu"), target, {"ar": None},
+                         {"ar": 0}, "src", 2, {0.0: 0.0})
+        assert ("WARNING   load average" in capsys.readouterr().out) == warn, load
+
+
+def test_sweep_K_and_option_reach_the_drafter_and_rows_group_by_temperature(weights, prompts_file, monkeypatch, capsys):
+    """--option K=1,2: each row drafts its own K (the K column and alpha's length), a drafter
+    option is loaded at each value, and the rows come grouped by temperature, ar first."""
+    rows = sweep.main(["--target", str(weights / "target.pt"), "--method", "draft", "--option", "K=1,2",
+                       "--temperatures", "0,1", "--prompts", str(prompts_file), "--max-new-tokens", "6"])
+    assert [(r["method"], r["temperature"], r["K"]) for r in rows] == [
+        (m, T, K) for T in (0.0, 1.0) for m, K in (("ar", 0), ("draft K=1", 1), ("draft K=2", 2))]
+    assert [len(r["acceptance_per_position"]) for r in rows] == [0, 1, 2] * 2
+    loads, real = [], sweep.load_drafter
+    monkeypatch.setattr(sweep, "load_drafter", lambda m, *a, **k: loads.append((m, k.get("confidence"))) or real(m, *a, **k))
+    sweep.main(["--target", str(weights / "target.pt"), "--method", "draft", "--option", "confidence=0,0.5",
+                "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens", "2"])
+    assert [c for m, c in loads if m == "draft"] == [0.0, 0.5]
+
+
+def test_table_counts_the_differing_rows_out_of_all_prompts(capsys):
+    """"NO (1/3 differ)": the mismatches over the prompts run, not over themselves."""
+    row = dict(method="draft", temperature=0.0, K=3, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
+               step_ms=dict(draft=1.0, verify=2.0, rest=0.5), predicted_speedup=1.3, lossless=False, mismatches=1,
+               drafter_params=0, acceptance_per_position=[0.5], first_difference_gaps=[0.25])
+    bench.print_table([row], 3)
+    out = capsys.readouterr().out
+    assert "NO (1/3 differ)" in out and "first differs are 0.25 apart" in out
+
+
+def test_first_difference_gap_at_the_first_new_token():
+    """Rows that part at their first new token get the target's margin at the prompt's end, not
+    "(ends early)": the search for the first difference starts at position 0."""
+    target = tiny_model()
+    prompts = [[5, 6, 7]]
+    ar_outs, _ = speculate.generate(target, prompts, None, max_new_tokens=4)
+    with torch.no_grad():
+        top2 = target(torch.tensor(prompts))[0][0, -1].topk(2)
+    outs = [[int(top2.indices[1])] + ar_outs[0][1:]]
+    res = bench.lossless(target, prompts, outs, ar_outs, 0)
+    assert res["first_difference_gaps"] == [pytest.approx(float(top2.values[0] - top2.values[1]), abs=1e-5)]
+
+
+def test_bench_rows_take_each_figure_from_their_own_run_and_ar_only_as_the_baseline(monkeypatch):
+    """ngram's row: its own tau_se, passes, step times and repetition; ar's median run only as
+    the baseline of speedup and predicted speedup (t_ar = 2 s / 4 passes; E = 1 + 1/1; a pass
+    of ngram = (0.1 + 0.6 + 0.1) s / 2 -> 2 x 0.5 / 0.4 = 2.5x)."""
+    stats = dict(ar=([[7] * 20], dict(wall_s=2.0, verify_passes=4, tau=1.0, tau_se=0.0, new_tokens=20, acc=[],
+                                      alpha=[], draft_row_passes=3, draft_s=0.0, verify_s=2.0, rest_s=0.0)),
+                 ngram=([list(range(20))], dict(wall_s=1.25, verify_passes=2, tau=2.0, tau_se=0.25, new_tokens=20,
+                                                acc=[1], alpha=[1.0], draft_row_passes=1, draft_s=0.1,
+                                                verify_s=0.6, rest_s=0.1)))
+    class Drafter(str):  # the run's key into stats, with a size
+        params = lambda self: 1234
+
+    monkeypatch.setattr(bench, "run", lambda target, drafter, *a: stats[drafter or "ar"])
+    monkeypatch.setattr(bench, "generate", lambda *a, **k: None)
+    args = argparse.Namespace(repeats=1, compile=False, continuous=False)
+    ar, ngram = bench.bench_rows(None, {"ar": None, "ngram": Drafter("ngram")}, {"ar": 0, "ngram": 1}, [[1]], [1.0], 1,
+                                 args)
+    assert (ar["drafter_params"], ngram["drafter_params"]) == (0, 1234)
+    assert ngram["predicted_speedup"] == pytest.approx(2.5) and ngram["speedup"] == pytest.approx(1.6)
+    assert (ngram["tau"], ngram["tau_se"], ngram["verify_passes"], ngram["repeat8"]) == (2.0, 0.25, 2, 0.0)
+    assert ngram["step_ms"] == pytest.approx(dict(draft=50.0, verify=300.0, rest=50.0))
+    assert ar["repeat8"] == pytest.approx(12 / 13) and ar["predicted_speedup"] == pytest.approx(1.0)
+
+
+def test_table_columns_sit_under_their_headers(capsys):
+    """Each figure of a row under its own header (speedup measured, then predicted; tau, then its
+    s.e.), and the step line's three parts with their sum."""
+    row = dict(method="draft", temperature=0.0, K=3, tau=2.5, tau_se=0.25, tokens_per_s=40.0, speedup=1.75,
+               step_ms=dict(draft=1.0, verify=2.0, rest=0.5), predicted_speedup=3.25, lossless=True, mismatches=0,
+               drafter_params=2_500_000, acceptance_per_position=[0.5], first_difference_gaps=[])
+    bench.print_table([row], 3)
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("method"))
+    assert dict(zip(lines[head].split(), lines[head + 1].split())) == {
+        "method": "draft", "T": "0", "K": "3", "tau": "2.50", "s.e.": "0.25", "tok/s": "40.0", "speedup": "1.75x",
+        "predicted": "3.25x", "lossless": "yes", "params": "2.50M"}
+    assert "| draft   1.00  verify   2.00  rest   0.50 |   3.50 ms a pass" in next(l for l in lines if "ms a pass" in l)
+
+
+def test_sweep_table_prints_the_measured_speedup(weights, prompts_file, monkeypatch, capsys):
+    """The sweep's speedup column is the measured one (ar's wall time over the row's), not the
+    predicted one: bench_rows faked with distinct figures."""
+    row = dict(method="ar", temperature=0.0, K=0, tau=1.0, tokens_per_s=40.0, speedup=1.75,
+               predicted_speedup=3.25, lossless=True)
+    monkeypatch.setattr(bench, "bench_rows", lambda *a: [dict(row)])
+    sweep.main(["--target", str(weights / "target.pt"), "--method", "ngram", "--option", "K=2",
+                "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens", "2"])
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("ar "))
+    assert line.split()[1:] == ["0", "0", "1.00", "40.0", "1.75x", "yes"]
+
+
+def test_the_loop_warning_is_at_15_percent(capsys, monkeypatch):
+    """The card warns above 15 % as a number: test_card_warns_when_the_target_loops moves with REPEAT_WARN."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
+    for r, warn in ((0.149, False), (0.151, True)):
+        bench.print_card(bench.get_parser().parse_args([]), torch.device("cpu"), target, {"ar": None},
+                         {"ar": 0}, "src", 2, {0.0: r})
+        assert ("WARNING   the target loops at T=0 (15% > 15%)" in capsys.readouterr().out) == warn, r

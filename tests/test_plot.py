@@ -90,3 +90,12 @@ def test_a_file_that_is_not_benchs_json_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith("error: ") and expect in err and err.count("\n") == 1, err
     assert not (tmp_path / "a.svg").exists() and json.loads((tmp_path / "empty.json").read_text()) == {"results": []}
+
+
+def test_only_sampled_rows_are_dashed(tmp_path):
+    """Dashed lines mean T > 0 (sampling); the greedy row's line is solid."""
+    results = [dict(method=m, temperature=T, acceptance_per_position=[0.5], tau=1.5, speedup=1.2)
+               for m, T in (("draft", 0.0), ("draft", 1.0))]
+    plot.svg(results, tmp_path / "b.svg")
+    lines = ET.parse(tmp_path / "b.svg").getroot().findall(f".//{NS}polyline")
+    assert [line.get("stroke-dasharray") for line in lines] == [None, "5 3"]
