@@ -97,9 +97,10 @@ def kept(owner, key, make):
     new = key not in store
     bufs = store[key] = make() if new else store[key]
     for b in bufs:
-        for t in ([b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b]) if new else []:
+        ts = [b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b]
+        if not new:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
+            ts[-1].zero_()
+        for t in ts if new else []:
             if t.is_cuda:
                 torch._dynamo.mark_static_address(t)
-        if not new:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
-            (b.lengths if isinstance(b, KVCache) else b).zero_()
     return bufs

@@ -313,11 +313,11 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                     next_prompt += 1
 
     retire(done.tolist())
+    past_vocab = torch.zeros_like(done)  # (B,): a chain pass sets it, a tree's or ar's leave it
     while not all(taken):
         # 1. draft
         clock.mark("rest")
         drafts, q = torch.zeros(B, 0, dtype=torch.long, device=device), None
-        past_vocab = torch.zeros_like(done)
         if tree is not None:  # the step up: a tree of drafts instead of a chain (tree.py)
             nodes = tree.draft(drafter, tokens, n, K, temperature, top_k, g)
         elif drafter is not None:

@@ -174,7 +174,7 @@ def main(args):
                             lr=args.lr, betas=(0.9, 0.95))
     if mtp_mod is not None and ck and ck.get("mtp_state_dict"):
         mtp_mod.load_state_dict(ck["mtp_state_dict"])
-    n_mtp = sum(p.numel() for p in params) - model.n_params()  # the MTP modules', if any
+    n_mtp = sum(p.numel() for p in mtp_mod.parameters()) if mtp_mod else 0
     mtp_s = f" + {n_mtp / 1e6:.2f}M in {args.mtp_depth} MTP modules" if mtp_mod else ""
     print(f"model: preset {args.preset}, {model.n_params() / 1e6:.2f}M params{mtp_s}, "
           f"seq_len {seq_len}, batch {args.batch_size}, budget {args.minutes:.1f} min")
