@@ -360,6 +360,19 @@ def test_card_warns_when_the_target_loops(capsys, monkeypatch):
     assert "drafter there; trust the T=0.7 rows\n" in capsys.readouterr().out  # no T=1 rows run
 
 
+def test_card_says_a_tree_runs_eager_when_compiled(capsys):
+    """--compile leaves dflash-tree's passes eager (speculate.generate): the card says so."""
+    from types import SimpleNamespace
+    tree = SimpleNamespace(block_size=16, tree=SimpleNamespace(N=32), params=lambda: 0)
+    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
+    for flags, note in (([], False), (["--compile"], True)):
+        for drafters in ({"ar": None, "dflash-tree": tree}, {"ar": None, "dflash-tree": None}):
+            bench.print_card(bench.get_parser().parse_args(flags), torch.device("cpu"), target,
+                             drafters, {"ar": 0, "dflash-tree": 15}, "src", 2, {0.0: 0.0})
+            out = capsys.readouterr().out
+            assert ("(dflash-tree's eager)" in out) == (note and drafters["dflash-tree"] is not None)
+
+
 @pytest.mark.parametrize("load,warn", [(0.5, False), (2.0, False), (3.0, False), (3.01, True),
                                        (3.5, True)])
 def test_card_warns_when_other_jobs_shared_the_cores(capsys, monkeypatch, load, warn):
