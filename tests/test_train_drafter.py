@@ -183,12 +183,20 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
     """A 10-step run killed right after its save at step 5 leaves its state in <method>.run.pt
     and no drafter; the same command plus --resume continues it to step 10 with its optimizer
     and removes the run file. The clock continues too: a run saved past --minutes ends at
-    once."""
+    once. The resumed steps draw their own random stream (DFlash's anchors), not step 0's again."""
     def run_10_steps(*extra):
         run(target_dir, method, "--out-dir", str(tmp_path), "--max-steps", "10",
             "--batch-size", "2", "--save-minutes", "1e-9", *extra)
         return torch.load(tmp_path / f"{method}.pt", weights_only=True)
 
+    cls = drafter_class(target_dir, method)
+    streams, loss = [], cls.loss  # the global generator at each training step
+    def recorded(model, *a, **k):
+        if model.training:  # evaluate's calls draw from a fixed seed of their own
+            streams[-1].append(torch.get_rng_state())
+        return loss(model, *a, **k)
+    monkeypatch.setattr(cls, "loss", recorded)
+    streams.append([])
     with monkeypatch.context() as m, pytest.raises(Interrupted):
         m.setattr(train, "save_checkpoint", killed_after(5))
         run_10_steps()
@@ -196,8 +204,11 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
     late = torch.load(state, weights_only=True)
     assert late["step"] == 5 and not (tmp_path / f"{method}.pt").exists()  # no half a drafter
     capsys.readouterr()
+    streams.append([])
     resumed = run_10_steps("--resume")
     assert f"resuming {state} at step 5" in capsys.readouterr().out and not state.exists()
+    assert len(streams[1]) == 5
+    assert not any(torch.equal(a, b) for a in streams[0] for b in streams[1])
     assert resumed["step"] == 10
     assert all(s["step"] == 10 for s in resumed["optimizer"]["state"].values())
 
