@@ -341,35 +341,34 @@ def test_tau_standard_error():
     assert bench.ratio_se([(3, 1)]) == 0.0  # one prompt: no spread to estimate
 
 
+def card(capsys, repeats, flags=(), drafters=None, Ks=None):
+    """What bench.print_card prints for a tiny target's run: ar alone unless drafters are given."""
+    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
+    bench.print_card(bench.get_parser().parse_args(["--weights", "w", *flags]), torch.device("cpu"),
+                     target, drafters or {"ar": None}, Ks or {"ar": 0}, "src", 2, repeats)
+    return capsys.readouterr().out
+
+
 def test_card_warns_when_the_target_loops(capsys, monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine
-    args = bench.get_parser().parse_args(["--weights", "w"])
-    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
     for r, warn in ((0.5, True), (bench.REPEAT_WARN + 0.01, True), (bench.REPEAT_WARN, False), (0.05, False)):
-        bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: r})
-        out = capsys.readouterr().out
+        out = card(capsys, {0.0: r})
         assert ("WARNING" in out) == warn, r
         assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
         assert ("trust sampled rows (T > 0) of a target that does not loop" in out) == warn  # there are no T=1 rows to trust
     for r, warn in ((0.149, False), (0.151, True)):  # at 15 % as a number, not only REPEAT_WARN
-        bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: r})
-        assert ("WARNING   the target loops at T=0 (15% > 15%)" in capsys.readouterr().out) == warn, r
-    bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 1.0: 0.0})
-    assert "drafter there; trust the T=1 rows\n" in capsys.readouterr().out
-    bench.print_card(args, torch.device("cpu"), target, {"ar": None}, {"ar": 0}, "src", 2, {0.0: 0.5, 0.7: 0.0})
-    assert "drafter there; trust the T=0.7 rows\n" in capsys.readouterr().out  # no T=1 rows run
+        assert ("WARNING   the target loops at T=0 (15% > 15%)" in card(capsys, {0.0: r})) == warn, r
+    assert "drafter there; trust the T=1 rows\n" in card(capsys, {0.0: 0.5, 1.0: 0.0})
+    assert "drafter there; trust the T=0.7 rows\n" in card(capsys, {0.0: 0.5, 0.7: 0.0})  # no T=1 rows run
 
 
 def test_card_says_a_tree_runs_eager_when_compiled(capsys):
     """--compile leaves dflash-tree's passes eager (speculate.generate): the card says so."""
     from types import SimpleNamespace
     tree = SimpleNamespace(block_size=16, tree=SimpleNamespace(N=32), params=lambda: 0)
-    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
     for flags, note in (([], False), (["--compile"], True)):
         for drafters in ({"ar": None, "dflash-tree": tree}, {"ar": None, "dflash-tree": None}):
-            bench.print_card(bench.get_parser().parse_args(flags), torch.device("cpu"), target,
-                             drafters, {"ar": 0, "dflash-tree": 15}, "src", 2, {0.0: 0.0})
-            out = capsys.readouterr().out
+            out = card(capsys, {0.0: 0.0}, flags, drafters, {"ar": 0, "dflash-tree": 15})
             assert ("(dflash-tree's eager)" in out) == (note and drafters["dflash-tree"] is not None)
 
 
@@ -379,10 +378,7 @@ def test_card_warns_when_other_jobs_shared_the_cores(capsys, monkeypatch, load, 
     """A newcomer's bench beside a test run printed DFlash at 45x plain decoding, unwarned."""
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # bench's own 2 threads: a load of ~2
-    target = dict(path="t.pt", preset="tiny", params=tiny_model().n_params())
-    bench.print_card(bench.get_parser().parse_args([]), torch.device("cpu"), target, {"ar": None},
-                     {"ar": 0}, "src", 2, {0.0: 0.0})
-    assert ("WARNING   load average" in capsys.readouterr().out) == warn
+    assert ("WARNING   load average" in card(capsys, {0.0: 0.0})) == warn
 
 
 def test_repeats_run_in_rounds_and_the_median_counts(monkeypatch, capsys):
