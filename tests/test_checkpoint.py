@@ -104,6 +104,19 @@ def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
     assert "optimizer" in load_checkpoint(str(tmp_path / "a.pt"))
 
 
+def test_export_keeps_integer_tensors_and_a_target_without_mtp_heads(tmp_path, capsys):
+    """train.py saves mtp_state_dict=None for a target without MTP heads (the usual one), and
+    only floating tensors shrink to bf16; the command line refuses a folder as its output."""
+    from dev.export_weights import main
+    state = {"w": torch.ones(2), "n": torch.tensor([3])}
+    save_checkpoint(str(tmp_path / "a.pt"), dict(kind="target", config={}, state_dict=state,
+                                                 mtp_state_dict=None))
+    ck = export_checkpoint(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
+    assert ck["mtp_state_dict"] is None and ck["state_dict"]["n"].dtype == torch.long
+    with pytest.raises(SystemExit, match="is a folder or empty; name a file"):
+        main([str(tmp_path / "a.pt"), str(tmp_path)])
+
+
 # -----------------------------------------------------------------------------
 # load_target, load_drafter
 

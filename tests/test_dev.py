@@ -371,20 +371,64 @@ def test_no_engine_file_imports_dev():
 
 def test_target_quality_scores_the_same_windows_for_every_target(tmp_path, monkeypatch, capsys):
     """dev/target_quality.py on two tiny targets over made-up held-out sets: a line per set and
-    per prompt set and temperature; the same target scores the same twice (fixed windows)."""
+    per prompt set and temperature; the same target scores the same twice (fixed windows). The
+    flags reach the work: --batches batches a set, --n-prompts of each file continued by
+    --new-tokens at T = 0 and 1, and 8-grams counted where the line says 8-grams."""
     import numpy as np
+    import data
     from dev import target_quality
     from test_model import save_tiny
     save_tiny(tmp_path / "a.pt", seed=0)
     rng = np.random.default_rng(0)
     fake = {name: rng.integers(0, 90, 4000).astype(np.uint16) for name in ("val", "ood")}
     monkeypatch.setattr(target_quality, "held_out_tokens", lambda: fake)
+    seen = []  # ("eval", batches) and ("gen", prompts, new tokens, T) per call; ("ngram", n)
+    spy = lambda f, tag: lambda *a, **kw: seen.append(tag(*a, **kw)) or f(*a, **kw)
+    for module, name, tag in [
+            (target_quality, "evaluate", lambda t, batches, enc: ("eval", len(batches))),
+            (target_quality, "generate", lambda t, ids, **kw: (
+                "gen", len(ids), kw["max_new_tokens"], kw["temperature"])),
+            (data, "repeated_ngram_fraction", lambda tokens, n: ("ngram", n))]:
+        monkeypatch.setattr(module, name, spy(getattr(module, name), tag))
     target_quality.main([str(tmp_path / "a.pt"), str(tmp_path / "a.pt"), "--batches", "2",
                          "--n-prompts", "2", "--new-tokens", "9", "--threads", "1"])
     out = capsys.readouterr().out
     scores = re.findall(r"(val|ood) +loss ([0-9.]+) nats/token, ([0-9.]+) bits/byte", out)
     assert len(scores) == 4 and scores[:2] == scores[2:]
     assert out.count("of 8-grams repeated") == 2 * 2 * 2  # two targets, two prompt sets, T = 0, 1
+    assert sorted(set(seen)) == [("eval", 2), ("gen", 2, 9, 0.0), ("gen", 2, 9, 1.0), ("ngram", 8)]
+    assert seen.count(("gen", 2, 9, 1.0)) == 2 * 2
+
+
+def test_target_quality_refuses_a_target_it_cannot_score_before_scoring(tmp_path, monkeypatch):
+    """Another vocabulary than the tokenizer's, and --new-tokens that fill the context after the
+    longest prompt of EITHER file (the ood one's, here), are refused before the minutes of
+    scoring; one token fewer fits."""
+    import numpy as np
+    import data
+    from dev import target_quality
+    from model import PRESETS
+    from test_model import save_tiny
+    save_tiny(tmp_path / "a.pt")  # the tiny preset: a context of 256
+    fake = {"val": np.arange(4000, dtype=np.uint16) % 90}
+    monkeypatch.setattr(target_quality, "held_out_tokens", lambda: fake)
+    monkeypatch.setattr(target_quality, "report", lambda *a: print("scored"))
+    enc = get_encoding()
+    held_out = [len(enc.encode_ordinary(t)) for t in data.reference_prompts(10)]
+    ood = [len(enc.encode_ordinary(t)) for t in data.read_prompts_file(data.OOD_PROMPTS_PATH)[:10]]
+    assert max(ood) > max(held_out)
+    room = PRESETS["tiny"]["max_seq_len"] - max(ood)
+    with pytest.raises(SystemExit, match=rf"--new-tokens {room} after a prompt of {max(ood)}"):
+        target_quality.main([str(tmp_path / "a.pt"), "--new-tokens", str(room)])
+    target_quality.main([str(tmp_path / "a.pt"), "--new-tokens", str(room - 1)])  # it fits
+    from checkpoint import save_checkpoint
+    from model import Config, Transformer
+    cfg = Config(vocab_size=300, **PRESETS["tiny"])
+    save_checkpoint(str(tmp_path / "b.pt"), dict(kind="target", config=cfg.__dict__,
+                                                  state_dict=Transformer(cfg).state_dict(),
+                                                  tokenizer=data.tokenizer_hash()))
+    with pytest.raises(SystemExit, match=r"b.pt: a vocabulary of 300, not tokenizer.tiktoken's"):
+        target_quality.main([str(tmp_path / "b.pt")])
 
 
 @pytest.mark.parametrize("args, expect", [

@@ -171,6 +171,15 @@ def test_kv_inject_emulated_short_row_at_the_end_of_the_rope_tables(emu):
     assert mismatches(args[0], ref_k) == 0 and mismatches(args[1], ref_v) == 0
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 2, 16, 20, 0), (0, 3, 2, 16, 20, 4)])  # T_new, L = 0
+def test_kv_inject_emulated_with_nothing_new_launches_nothing(emu, shape):
+    """A launch of no blocks is an error on a GPU (and under emu.h): the launcher must skip it."""
+    args = make_kv_case(*shape)
+    kv_inject_ref(*args)
+    emu.kv_inject(*args)
+    assert args[0].isnan().all() and args[1].isnan().all()
+
+
 BAD_ROWS = {  # row b made to fall outside the cache or the RoPE tables: (b, offset, count, P)
     "past_the_cache": (1, 18, 4, 20),     # slots 18..21 with T_max = 20
     "negative_offset": (1, -1, 3, 20),
@@ -224,6 +233,10 @@ def test_kv_inject_emulated_refuses_malformed_arguments(emu):
 
     with pytest.raises(RuntimeError, match="new_k, new_v must be"):  # H + 1 heads
         call(2, torch.zeros(1, 2, 4, 3, 8), torch.zeros(1, 2, 4, 3, 8))
+    with pytest.raises(RuntimeError, match="new_k, new_v must be"):  # new_v's alone
+        call(3, torch.zeros(1, 2, 4, 3, 8))
+    with pytest.raises(RuntimeError, match="cache_k, cache_v must be"):  # cache_v's: T_max + 1
+        call(1, torch.full((1, 2, 2, 11, 8), float("nan")))
     with pytest.raises(RuntimeError, match="offsets and counts must be"):  # B + 1 counts
         call(5, torch.tensor([0, 4, 0]))
     with pytest.raises(RuntimeError, match="cos, sin must be"):  # sin with more rows than cos
@@ -277,6 +290,16 @@ def test_accept_scan_emulated_with_no_drafts_is_plain_decoding(emu, mode, versio
     assert same((n, nxt), accept_scan_ref(p, drafts, q, u)) and not n.any()
 
 
+@pytest.mark.parametrize("version", VERSIONS["accept_scan"])
+@pytest.mark.parametrize("mode", MODES)
+def test_accept_scan_emulated_with_no_rows_launches_nothing(emu, mode, version):
+    """B = 0: empty outputs, as the reference's. A launch of no blocks is an error on a GPU (and
+    under emu.h): the launcher must skip it."""
+    p, drafts, q, u = (t if t is None else t[:0] for t in make_accept_case(3, 4, 97, mode))
+    n, nxt = emu.accept_scan(p, drafts, q, u, version)
+    assert n.shape == nxt.shape == (0,) and same((n, nxt), accept_scan_ref(p, drafts, q, u))
+
+
 def test_accept_cases_cover_partial_full_and_zero_residual_rows():
     """The inputs really exercise partial acceptance, full acceptance and the zero-residual row."""
     ns = torch.cat([accept_scan_ref(*make_accept_case(7, 15, 97, m, seed=s))[0]
@@ -305,6 +328,8 @@ def test_accept_cases_leave_the_last_rows_tail_empty():
 def test_accept_scan_emulated_greedy_low_precision_and_nan(emu, dtype, version):
     p, drafts, _, _ = make_accept_case(3, 15, 4099, "greedy", dtype=dtype, seed=3)
     p[1, 2, [5, 9]] = float("nan")  # torch.argmax: NaN is the maximum, the first NaN wins
+    p[1, 2, 5] = -p[1, 2, 5]        # a NaN with its sign bit set (x86's 0 * inf) is one too:
+    # float16 bits read as bfloat16 (a dtype mixed up) order numbers alike, but not this NaN
     p[0] = float("-inf")            # all -inf rows: token 0, so draft 0 is accepted, and so on
     drafts[0, 0] = 0
     assert same(emu.accept_scan(p, drafts, None, None, version), accept_scan_ref(p, drafts))
@@ -331,7 +356,9 @@ def test_accept_scan_emulated_greedy_compares_float64_in_float64(emu, version):
 
 def test_accept_scan_emulated_refuses_malformed_arguments(emu):
     """drafts, uniforms and q with one column too many are refused (the kernels take K and V
-    from p and would read them with the wrong row strides)."""
+    from p and would read them with the wrong row strides), as are drafts and uniforms of
+    another dtype, a p of no vocabulary or not contiguous, and a kernel version that does not
+    exist."""
     p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
     with pytest.raises(RuntimeError, match="drafts must be"):
         emu.accept_scan(p, torch.cat([drafts, drafts[:, :1]], 1), q, u, 1)
@@ -339,6 +366,27 @@ def test_accept_scan_emulated_refuses_malformed_arguments(emu):
         emu.accept_scan(p, drafts, q, torch.cat([u, u[:, :1]], 1), 1)
     with pytest.raises(RuntimeError, match="q must be"):
         emu.accept_scan(p, drafts, torch.cat([q, q[:, :, :1]], 2), u, 1)
+    with pytest.raises(RuntimeError, match="drafts must be"):  # int32, read as int64
+        emu.accept_scan(p, drafts.int(), q, u, 1)
+    with pytest.raises(RuntimeError, match="uniforms must be"):  # float32, read as float64
+        emu.accept_scan(p, drafts, q, u.float(), 1)
+    with pytest.raises(RuntimeError, match="p must be"):  # no vocabulary: no token to emit
+        emu.accept_scan(p[:, :, :0], drafts, None, None, 1)
+    with pytest.raises(RuntimeError, match="p must be .*contiguous"):  # the same values, strided
+        emu.accept_scan(p.transpose(0, 1).contiguous().transpose(0, 1), drafts, None, None, 1)
+    with pytest.raises(RuntimeError, match="version must be 1 or 2, got 3"):
+        emu.accept_scan(p, drafts, None, None, 3)
+
+
+@pytest.mark.parametrize("mode", ["sample_q", "sample_argmax"])
+def test_accept_scan_emulated_sampling_takes_p_and_q_in_any_float_dtype(emu, mode):
+    """The reference samples from p.float() and q.float(), and so must the kernel, which reads
+    float32: a drafter run in bfloat16 hands the scan a bf16 q. (Multiples of 2^-16 stay such in
+    bfloat16: every sum order still agrees.)"""
+    p, drafts, q, u = make_accept_case(3, 4, 97, mode, seed=8)
+    for dtype in (torch.bfloat16, torch.float64):
+        args = (p.to(dtype), drafts, None if q is None else q.to(dtype), u)
+        assert same(emu.accept_scan(*args, 1), accept_scan_ref(*args))
 
 
 def test_accept_scan_emulated_kernel_asserts_on_a_draft_outside_the_vocabulary(emu):
@@ -412,6 +460,14 @@ def test_an_unknown_emulator_schedule_is_refused(emu, monkeypatch):
     p, drafts, q, u = make_accept_case(3, 4, 97, "sample_q")
     with pytest.raises(RuntimeError, match="unknown DFLASH_EMU_SCHEDULE=eagre"):
         emu.accept_scan(p, drafts, q, u, 1)
+
+
+@pytest.mark.parametrize("version", VERSIONS["accept_scan"])
+def test_accept_scan_emulated_greedy_takes_no_uniforms_whatever_q_is(emu, version):
+    """uniforms None means greedy, as in the reference: a q beside it is not read."""
+    p, drafts, q, _ = make_accept_case(3, 4, 97, "sample_q", seed=8)
+    out = emu.accept_scan(p, drafts, q, None, version)
+    assert same(out, accept_scan_ref(p, drafts, q)) and same(out, accept_scan_ref(p, drafts))
 
 
 @pytest.mark.parametrize("version", VERSIONS["accept_scan"])
@@ -551,9 +607,11 @@ def test_an_unknown_env_value_is_named_not_taken_for_a_choice(fresh, monkeypatch
     """DFLASH_CUDA_EXT=host (a mode that no longer exists) or a typo must not pass for the
     default; an empty value is the default."""
     monkeypatch.setattr(kernels, "_build", lambda: pytest.fail("an unknown value must not build"))
-    monkeypatch.setenv(kernels.ENV, "host")
-    assert not kernels.available("cuda")
-    assert f"unknown {kernels.ENV}='host', not 1 or 0" in capsys.readouterr().out
+    for value in ("host", "true"):  # nor a spelling of 1 that the README does not name
+        monkeypatch.setattr(kernels, "_ext", {})
+        monkeypatch.setenv(kernels.ENV, value)
+        assert not kernels.available("cuda")
+        assert f"unknown {kernels.ENV}={value!r}, not 1 or 0" in capsys.readouterr().out
     monkeypatch.setattr(kernels, "_ext", {})
     monkeypatch.setenv(kernels.ENV, " ")
     monkeypatch.setattr(kernels, "_build", lambda: SimpleNamespace())
@@ -597,6 +655,30 @@ def test_a_failed_build_is_reported_by_its_last_line(fresh, monkeypatch, capsys)
     monkeypatch.setattr(kernels, "_build", bad)
     assert not kernels.available("cuda")
     assert "(build failed: RuntimeError: error: ext.cpp:12: expected ';')" in capsys.readouterr().out
+
+    def too_long():  # a linker's last line can name every object and library: one line, cut short
+        raise RuntimeError("collect2: error: " + "x" * 5000)
+    monkeypatch.setattr(kernels, "_ext", {})
+    monkeypatch.setattr(kernels, "_build", too_long)
+    assert not kernels.available("cuda")
+    assert len(capsys.readouterr().out) < 400
+
+
+def test_the_build_compiles_every_source_and_links_the_toolkits_runtime(tmp_path, monkeypatch):
+    """ext.cpp and both .cu files, linked with _cudart_flags' -L flags (a wrapper nvcc's toolkit
+    has no libcudart); with no toolkit at all the build says so."""
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
+    monkeypatch.setattr(kernels, "_cudart_flags", lambda cuda_home: [f"-L{cuda_home}/lib64"])
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/opt/cuda")
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: kw)
+    kw = kernels._build()
+    assert [os.path.basename(s) for s in kw["sources"]] == ["ext.cpp", "kv_inject.cu",
+                                                            "accept_scan.cu"]
+    assert kw["extra_ldflags"] == ["-L/opt/cuda/lib64"]
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(RuntimeError, match="no CUDA toolkit"):
+        kernels._build()
 
 
 def test_the_ops_take_any_strides_and_ask_for_the_promoted_kernel_version(emu, monkeypatch):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections import Counter
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -1004,8 +1005,11 @@ def test_a_drafter_of_the_wrong_shape_is_named_not_an_index_error():
     target = random_target()
     # q one token narrower failed in the scan, one wider ran on its first V columns; int32 drafts
     # ran on the CPU reference but not through the extension (GPU)
+    # drafts for one row of two, and an int64 q (one-hot, a distribution but for its dtype) too
+    one_hot = lambda d, q: (d, torch.nn.functional.one_hot(d, V))
     for drafter, T in [(ShapeBreaker(5), 0.0), (ShapeBreaker(3, q_width=2), 1.0), (ShapeBreaker(3, 3, V - 1), 1.0),
-                       (ShapeBreaker(3, 3, V + 1), 1.0), (ShapeBreaker(3, dtype=torch.int32), 0.0)]:
+                       (ShapeBreaker(3, 3, V + 1), 1.0), (ShapeBreaker(3, dtype=torch.int32), 0.0),
+                       (QBreaker(lambda d, q: (d[:1], q[:1])), 1.0), (QBreaker(one_hot), 1.0)]:
         with pytest.raises(ValueError, match=r"the drafter returned drafts .*the loop takes int64 \(2, K' <= 4\)"):
             speculate.generate(target, [[1, 2], [3]], drafter, max_new_tokens=4, K=4, temperature=T)
     outs, _ = speculate.generate(target, [[1, 2]], ShapeBreaker(3, q_width=3), max_new_tokens=4, K=4, temperature=1.0)
@@ -1046,6 +1050,10 @@ NOT_Q = r"the drafter's q must be probabilities over the"
     lambda d, q: (d, 1.5 * q - 0.5 / V),  # negative entries, rows still summing to 1
     nan_off_the_draft, zero_at_the_draft,
     lambda d, q: (d + V, q),  # past the vocabulary: an IndexError deep in torch
+    lambda d, q: (torch.full_like(d, V), q),  # one past the last id
+    lambda d, q: (d, q / 2),  # half the mass: too little is as wrong as too much
+    lambda d, q: (d * 0, q.log()),  # token 0 is a draft like any other, not an empty slot
+    lambda d, q: (d, (1.03 * q).bfloat16()),  # bf16's room is its eps (2^-7), not 3 %
 ])
 def test_a_q_that_is_not_the_drafts_distribution_is_refused(bend):
     """When sampling, the scan takes q as the distribution each draft was drawn from; one that
@@ -1254,6 +1262,34 @@ def test_cli_passes_top_k_and_check_at_T1_says_samples_differ(tmp_path, monkeypa
     top1 = run_cli(tmp_path, monkeypatch, capsys, *args, "--temperature", "1", "--top-k", "1", "--check")
     assert top1.split("\n[")[0] == greedy  # sampling from the top 1 is greedy
     assert "sampled outputs differ by design" in top1
+
+
+def test_cli_samples_with_its_seed_and_decodes_with_the_targets_tokenizer(tmp_path, monkeypatch,
+                                                                        capsys):
+    """--seed reaches the sampler (seeds 0 and 3 continue differently, 3 twice alike), and the
+    text is the target's own tokenizer's (a Hugging Face folder brings one: load_tokenizer)."""
+    import data
+    import sample
+    save_tiny(tmp_path / "t.pt")
+    args = ("--prompt", "def f(x):", "--max-new-tokens", "12", "--temperature", "1")
+    texts = [run_cli(tmp_path, monkeypatch, capsys, *args, "--seed", s).split("\n[")[0]
+             for s in ("0", "3", "3")]
+    assert texts[0] != texts[1] == texts[2]
+    enc, paths = data.get_encoding(), []
+    tokenizer = lambda path: paths.append(path) or SimpleNamespace(
+        encode_ordinary=enc.encode_ordinary, decode=lambda ids: f"<{len(ids)} tokens of its own>")
+    monkeypatch.setattr(sample, "load_tokenizer", tokenizer)
+    out = run_cli(tmp_path, monkeypatch, capsys, *args)
+    assert out.startswith("def f(x):<12 tokens of its own>") and paths == [str(tmp_path / "t.pt")]
+
+
+def test_cli_reports_the_decodings_tokens_per_second(tmp_path, monkeypatch, capsys):
+    import sample
+    save_tiny(tmp_path / "t.pt")
+    monkeypatch.setattr(sample, "time", SimpleNamespace(perf_counter=iter([10.0, 14.0]).__next__))
+    _, st = sample.main(["--target", str(tmp_path / "t.pt"), "--method", "ngram", "--device",
+                         "cpu", "--prompt", "def f(x):", "--max-new-tokens", "12"])
+    assert st["new_tokens"] == 12 and "| 3.0 tok/s |" in capsys.readouterr().out  # 12 in 4 s
 
 
 def test_the_readme_drafter_of_your_own_runs_and_is_lossless():
