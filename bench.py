@@ -161,9 +161,9 @@ def print_card(args, device, t, drafters, Ks, source, n_prompts, repeats):
               "them, so the speeds and ratios below mean little (taus and lossless still hold)")
     print(f"device    {device} ({gpu}) | dtype {args.dtype} | torch {torch.__version__} | CUDA "
           f"extension active: {kernels.available(device)} | compiled steps: {args.compile}"
-          + (" (dflash-tree's eager)" if args.compile and drafters.get("dflash-tree") else "")
           + (f" (CUDA graphs; {torch._dynamo.utils.counters['inductor']['cudagraph_skips']} graphs "
-             "skipped: TORCH_LOGS=perf_hints)" if args.compile and device.type == "cuda" else ""))
+             "skipped: TORCH_LOGS=perf_hints)" if args.compile and device.type == "cuda" else "")
+          + (", dflash-tree runs eager" if args.compile and drafters.get("dflash-tree") else ""))
     print(f"target    preset {t['preset']} | {t['params'] / 1e6:.2f}M params | {t['path']}")
     print("drafters  " + (" | ".join(f"{m} {params(d) / 1e6:.2f}M" for m, d in drafters.items()
                                      if d) or "none") + f" | from {args.weights}")

@@ -99,7 +99,7 @@ def train_loop(args, model, opt, params, lr_fn, train_step, report, fields, out_
             print(f"NOTE: {ck_path} holds no optimizer state (an exported checkpoint): AdamW "
                   "starts afresh, so this continues its weights, not its run")
         print(f"resuming {ck_path} at step {step}")
-        torch.manual_seed(args.seed + step)  # random draws (DFlash's anchors) anew, no replay
+        torch.manual_seed(args.seed + step)  # train_drafter's global draws (DFlash's anchors)
     budget, run_file = args.minutes * 60, os.path.splitext(out_path)[0] + ".run.pt"
     t_start, t_saved = time.time() - elapsed, time.time()
     text = lambda: "no step left: raise --minutes or --max-steps to go on"  # a finished run

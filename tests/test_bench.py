@@ -10,6 +10,7 @@ batch_size), which was bench's. The SVG chart of its JSON: tests/test_plot.py.
 import argparse
 import os
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -355,21 +356,23 @@ def test_card_warns_when_the_target_loops(capsys, monkeypatch):
         out = card(capsys, {0.0: r})
         assert ("WARNING" in out) == warn, r
         assert "drafts    none (ar only) | timing" in out  # no K for drafters that do not run
-        assert ("trust sampled rows (T > 0) of a target that does not loop" in out) == warn  # there are no T=1 rows to trust
+        # there are no T=1 rows to trust
+        assert ("trust sampled rows (T > 0) of a target that does not loop" in out) == warn
     for r, warn in ((0.149, False), (0.151, True)):  # at 15 % as a number, not only REPEAT_WARN
-        assert ("WARNING   the target loops at T=0 (15% > 15%)" in card(capsys, {0.0: r})) == warn, r
+        out = card(capsys, {0.0: r})
+        assert ("WARNING   the target loops at T=0 (15% > 15%)" in out) == warn, r
     assert "drafter there; trust the T=1 rows\n" in card(capsys, {0.0: 0.5, 1.0: 0.0})
-    assert "drafter there; trust the T=0.7 rows\n" in card(capsys, {0.0: 0.5, 0.7: 0.0})  # no T=1 rows run
+    # no T=1 rows ran: the T=0.7 ones are the sampled rows to trust
+    assert "drafter there; trust the T=0.7 rows\n" in card(capsys, {0.0: 0.5, 0.7: 0.0})
 
 
 def test_card_says_a_tree_runs_eager_when_compiled(capsys):
     """--compile leaves dflash-tree's passes eager (speculate.generate): the card says so."""
-    from types import SimpleNamespace
     tree = SimpleNamespace(block_size=16, tree=SimpleNamespace(N=32), params=lambda: 0)
-    for flags, note in (([], False), (["--compile"], True)):
-        for drafters in ({"ar": None, "dflash-tree": tree}, {"ar": None, "dflash-tree": None}):
-            out = card(capsys, {0.0: 0.0}, flags, drafters, {"ar": 0, "dflash-tree": 15})
-            assert ("(dflash-tree's eager)" in out) == (note and drafters["dflash-tree"] is not None)
+    Ks, note = {"ar": 0, "dflash-tree": 15}, "compiled steps: True, dflash-tree runs eager\n"
+    assert note in card(capsys, {0.0: 0.0}, ["--compile"], {"ar": None, "dflash-tree": tree}, Ks)
+    assert "runs eager" not in card(capsys, {0.0: 0.0}, [], {"ar": None, "dflash-tree": tree}, Ks)
+    assert "runs eager" not in card(capsys, {0.0: 0.0}, ["--compile"])  # no tree ran
 
 
 @pytest.mark.parametrize("load,warn", [(0.5, False), (2.0, False), (3.0, False), (3.01, True),

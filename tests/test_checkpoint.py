@@ -104,7 +104,7 @@ def test_export_drops_the_optimizer_and_stores_bf16(tmp_path):
     assert "optimizer" in load_checkpoint(str(tmp_path / "a.pt"))
 
 
-def test_export_keeps_integer_tensors_and_a_target_without_mtp_heads(tmp_path, capsys):
+def test_export_keeps_integer_tensors_and_a_target_without_mtp_heads(tmp_path):
     """train.py saves mtp_state_dict=None for a target without MTP heads (the usual one), and
     only floating tensors shrink to bf16; the command line refuses a folder as its output."""
     from dev.export_weights import main

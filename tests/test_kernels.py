@@ -173,9 +173,9 @@ def test_kv_inject_emulated_short_row_at_the_end_of_the_rope_tables(emu):
 
 @pytest.mark.parametrize("shape", [(2, 3, 2, 16, 20, 0), (0, 3, 2, 16, 20, 4)])  # T_new, L = 0
 def test_kv_inject_emulated_with_nothing_new_launches_nothing(emu, shape):
-    """A launch of no blocks is an error on a GPU (and under emu.h): the launcher must skip it."""
+    """A launch of no blocks is an error on a GPU (and under emu.h): the launcher must skip it.
+    With T_new = 0 the caches stay as they were; with L = 0 they are empty: no error is all."""
     args = make_kv_case(*shape)
-    kv_inject_ref(*args)
     emu.kv_inject(*args)
     assert args[0].isnan().all() and args[1].isnan().all()
 
@@ -664,23 +664,6 @@ def test_a_failed_build_is_reported_by_its_last_line(fresh, monkeypatch, capsys)
     assert len(capsys.readouterr().out) < 400
 
 
-def test_the_build_compiles_every_source_and_links_the_toolkits_runtime(tmp_path, monkeypatch):
-    """ext.cpp and both .cu files, linked with _cudart_flags' -L flags (a wrapper nvcc's toolkit
-    has no libcudart); with no toolkit at all the build says so."""
-    from torch.utils import cpp_extension
-    monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
-    monkeypatch.setattr(kernels, "_cudart_flags", lambda cuda_home: [f"-L{cuda_home}/lib64"])
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/opt/cuda")
-    monkeypatch.setattr(cpp_extension, "load", lambda **kw: kw)
-    kw = kernels._build()
-    assert [os.path.basename(s) for s in kw["sources"]] == ["ext.cpp", "kv_inject.cu",
-                                                            "accept_scan.cu"]
-    assert kw["extra_ldflags"] == ["-L/opt/cuda/lib64"]
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
-    with pytest.raises(RuntimeError, match="no CUDA toolkit"):
-        kernels._build()
-
-
 def test_the_ops_take_any_strides_and_ask_for_the_promoted_kernel_version(emu, monkeypatch):
     """The ops hand the built module contiguous inputs (the references take any strides) and
     ask for DEFAULT_VERSION, the promoted kernel: every version gives the same tokens (the
@@ -722,17 +705,26 @@ def test_draft_diffusion_kv_inject_dispatches(emu, fresh, monkeypatch):
 
 
 def test_a_first_build_says_so_before_it_starts(tmp_path, monkeypatch, capsys):
-    """A build is silent for a minute with nvcc; only a reused one may stay quiet."""
+    """A build is silent for a minute with nvcc; only a reused one may stay quiet. It compiles
+    ext.cpp and both .cu files, linked with _cudart_flags' -L flags (a wrapper nvcc's toolkit
+    has no libcudart); with no toolkit at all the build says so."""
     from torch.utils import cpp_extension
     monkeypatch.setattr(kernels, "BUILD_ROOT", tmp_path)
-    monkeypatch.setattr(kernels, "_cudart_flags", lambda cuda_home: [])
+    monkeypatch.setattr(kernels, "_cudart_flags", lambda cuda_home: [f"-L{cuda_home}/lib64"])
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
-    monkeypatch.setattr(cpp_extension, "load", lambda **kw: kw["build_directory"])
-    assert kernels._build() == str(tmp_path / "dflash_kernels")
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: kw)
+    kw = kernels._build()
+    assert kw["build_directory"] == str(tmp_path / "dflash_kernels")
+    assert [os.path.basename(s) for s in kw["sources"]] == ["ext.cpp", "kv_inject.cu",
+                                                            "accept_scan.cu"]
+    assert kw["extra_ldflags"] == [f"-L{tmp_path}/lib64"]
     assert "kernels: building the extension into" in capsys.readouterr().out
     (tmp_path / "dflash_kernels" / "dflash_kernels.so").touch()
     kernels._build()
     assert "building" not in capsys.readouterr().out
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(RuntimeError, match="no CUDA toolkit"):
+        kernels._build()
 
 
 def test_cudart_flags_see_through_an_nvcc_wrapper(tmp_path):
@@ -927,8 +919,8 @@ def test_self_check_refuses_bad_flags_in_one_line(argv, message):
 
 @pytest.mark.skipif(not has_gpu, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", KV_SHAPES + [(5, 8, 8, 128, 300, 16)])
-def test_kv_inject_cuda(ext, shape, dtype):
+@pytest.mark.parametrize("shape", KV_SHAPES + [(5, 8, 8, 128, 300, 16), (2, 3, 2, 16, 20, 0)])
+def test_kv_inject_cuda(ext, shape, dtype):  # the last: nothing new, so nothing launched
     args = make_kv_case(*shape, dtype=dtype, seed=4, device="cuda")
     ref_k, ref_v = args[0].clone(), args[1].clone()
     kv_inject_ref(ref_k, ref_v, *args[2:])
@@ -948,10 +940,14 @@ def test_accept_scan_cuda(ext, shape, mode, version):
     c = lambda t: None if t is None else t.cuda()
     n, nxt = ext.accept_scan(c(p), c(drafts), c(q), c(u), version)
     assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
-    for dtype in (torch.bfloat16, torch.float64) if mode == "greedy" else ():  # other logits
-        n, nxt = ext.accept_scan(p.cuda().to(dtype), drafts.cuda(), None, None, version)
-        n_ref, nxt_ref = accept_scan_ref(p.to(dtype), drafts)
+    for dtype in (torch.bfloat16, torch.float64):  # other logits; a drafter's bf16 q
+        args = (p.to(dtype), drafts, None if q is None else q.to(dtype), u)
+        n, nxt = ext.accept_scan(*map(c, args), version)
+        n_ref, nxt_ref = accept_scan_ref(*args)
         assert torch.equal(n.cpu(), n_ref) and torch.equal(nxt.cpu(), nxt_ref)
+    empty = (c(None if t is None else t[:0]) for t in (p, drafts, q, u))
+    n, nxt = ext.accept_scan(*empty, version)
+    assert n.shape == nxt.shape == (0,)  # B = 0: nothing launched (an empty launch is an error)
     if mode == "greedy":  # whole-number logits above are exact in float32: this row is not
         p, drafts = float64_near_tie()
         out = ext.accept_scan(p.cuda(), drafts.cuda(), None, None, version)

@@ -24,7 +24,7 @@ def save_tiny(path, seed=0, tokenizer=None, **overrides):
     """A random model of the tiny preset at the real vocabulary, in train.py's checkpoint format."""
     import data
     torch.manual_seed(seed)
-    cfg = Config(vocab_size=data.get_encoding().n_vocab, **{**PRESETS["tiny"], **overrides})
+    cfg = Config(**{"vocab_size": data.get_encoding().n_vocab, **PRESETS["tiny"], **overrides})
     save_checkpoint(str(path), dict(kind="target", config=cfg.__dict__, state_dict=Transformer(cfg).state_dict(),
                                     mtp_state_dict=None, tokenizer=tokenizer or data.tokenizer_hash(), args={"preset": "tiny"}))
 
