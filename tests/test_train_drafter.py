@@ -46,9 +46,15 @@ def parse(method, *flags):
     return train_drafter.apply_recipe(args)
 
 
-def drafter_class(target_dir, method):
-    """The class of method's drafter model, whose loss the tests spy on."""
-    return train_drafter.MODELS[method]
+def spy_loss(monkeypatch, method, record):
+    """record(model, target, tokens, feats, **kw) is called before every loss of method's drafter
+    (training's and evaluate's; model.training tells them apart)."""
+    cls, real = train_drafter.MODELS[method], train_drafter.MODELS[method].loss
+
+    def loss(self, *a, **k):
+        record(self, *a, **k)
+        return real(self, *a, **k)
+    monkeypatch.setattr(cls, "loss", loss)
 
 
 # -----------------------------------------------------------------------------
@@ -189,14 +195,9 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
             "--batch-size", "2", "--save-minutes", "1e-9", *extra)
         return torch.load(tmp_path / f"{method}.pt", weights_only=True)
 
-    cls = drafter_class(target_dir, method)
-    streams, loss = [], cls.loss  # the global generator at each training step
-    def recorded(model, *a, **k):
-        if model.training:  # evaluate's calls draw from a fixed seed of their own
-            streams[-1].append(torch.get_rng_state())
-        return loss(model, *a, **k)
-    monkeypatch.setattr(cls, "loss", recorded)
-    streams.append([])
+    streams = [[]]  # the global generator at each training step (evaluate's has its own seed)
+    spy_loss(monkeypatch, method,
+             lambda m, *a, **k: m.training and streams[-1].append(torch.get_rng_state()))
     with monkeypatch.context() as m, pytest.raises(Interrupted):
         m.setattr(train, "save_checkpoint", killed_after(5))
         run_10_steps()
@@ -441,13 +442,8 @@ def test_the_longest_block_a_sequence_labels_is_accepted():
 def test_continuation_only_scores_from_the_prompt_length(target_dir, method, monkeypatch):
     """By default every label is scored; with --continuation-only every training and evaluation
     loss is told that labels start at --prompt-len."""
-    cls = drafter_class(target_dir, method)
-    seen, real = [], cls.loss
-
-    def loss(self, *a, **k):
-        seen.append(k.get("label_from"))
-        return real(self, *a, **k)
-    monkeypatch.setattr(cls, "loss", loss)
+    seen = []
+    spy_loss(monkeypatch, method, lambda m, *a, **k: seen.append(k.get("label_from")))
     run(target_dir, method)
     assert seen and set(seen) == {0}
     seen.clear()
@@ -514,14 +510,9 @@ def test_every_batch_is_full_and_no_sequence_repeats_within_an_epoch(target_dir,
     2 left over sit out that epoch), never a short batch across the epoch boundary, and each
     epoch in another order: a permutation seeded by the seed alone, not (seed, epoch), passed
     the rest while replaying epoch 0's batches every epoch."""
-    cls = drafter_class(target_dir, "mtp")
-    batches, real = [], cls.loss
-
-    def loss(self, target, tok, *a, **k):
-        if self.training:
-            batches.append([tuple(r) for r in tok.tolist()])
-        return real(self, target, tok, *a, **k)
-    monkeypatch.setattr(cls, "loss", loss)
+    batches = []
+    spy_loss(monkeypatch, "mtp", lambda m, target, tok, *a, **k:
+             m.training and batches.append([tuple(r) for r in tok.tolist()]))
     run(target_dir, "mtp", "--n-seqs", "10", "--max-steps", "7", "--eval-every", "1000")
     assert [len(b) for b in batches] == [4] * 7
     for e in range(3):  # epochs 0, 1, 2 (steps 0-1, 2-3, 4-5)
@@ -536,13 +527,9 @@ def test_the_drafter_trains_on_the_features_it_drafts_with(target_dir, monkeypat
     EAGLE on the 2-block tiny target reads layers (0, 1, 2): concatenated in another order
     (reversed, say) every run still trained, saved and decoded losslessly, on features the
     drafter never sees when it drafts."""
-    cls = drafter_class(target_dir, "eagle")
-    seen, real = [], cls.loss
-
-    def loss(self, target, tok, feats, *a, **k):
-        seen.append((self.hidden_layers, tok, feats))
-        return real(self, target, tok, feats, *a, **k)
-    monkeypatch.setattr(cls, "loss", loss)
+    seen = []
+    spy_loss(monkeypatch, "eagle", lambda m, target, tok, feats, *a, **k:
+             seen.append((m.hidden_layers, tok, feats)))
     run(target_dir, "eagle", "--max-steps", "1", "--eval-every", "1000")
     target = load_target(str(target_dir / "target.pt"))
     assert seen and len(seen[0][0]) == 3
