@@ -683,6 +683,14 @@ def test_a_prompt_too_long_for_the_trees_headroom_is_refused_before_any_work(cap
 # -----------------------------------------------------------------------------
 # mutation audit (bench.py, dev/sweep.py, dev/plot.py): pure checks of what the table trusts
 
+def table_row(**kw):
+    """A result row as bench_rows returns it, for the printing code: kw over neutral figures."""
+    return dict(dict(method="draft", temperature=0.0, K=3, tau=1.0, tau_se=0.0, tokens_per_s=1.0,
+                     speedup=1.0, predicted_speedup=1.0, lossless=True, mismatches=0,
+                     drafter_params=0, acceptance_per_position=[], first_difference_gaps=[],
+                     repeat8=0.0, step_ms=dict(draft=0.0, verify=1.0, rest=0.0)), **kw)
+
+
 def test_a_row_that_ends_early_or_ties_is_not_lossless():
     """A row that stops short of plain decoding's, or runs past it, has gap None and still
     differs: lossless is False ("no gaps", not "no truthy gap": None and a tie's 0.0 are falsy)."""
@@ -726,11 +734,7 @@ def test_warm_up_runs_every_row_at_every_batch_shape_before_any_timed_run(monkey
 def test_the_cards_repetition_figure_is_plain_decodings(weights, prompts_file, monkeypatch, capsys):
     """The warning reads ar's repeat8 at each T, not whichever method's row came last (a drafter
     that loops must not flag the target, nor one that does not hide a looping target)."""
-    def row(m, T, rep):
-        return dict(method=m, temperature=T, K=0, tau=1.0, tau_se=0.0, tokens_per_s=1.0, speedup=1.0,
-                    predicted_speedup=1.0, lossless=True, mismatches=0, drafter_params=0,
-                    acceptance_per_position=[], first_difference_gaps=[], repeat8=rep,
-                    step_ms=dict(draft=0.0, verify=1.0, rest=0.0))
+    row = lambda m, T, rep: table_row(method=m, temperature=T, K=0, repeat8=rep)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(bench, "bench_rows", lambda *a: [row("ar", 0.0, 0.05), row("ngram", 0.0, 0.5),
                                                          row("ar", 1.0, 0.5), row("ngram", 1.0, 0.0)])
@@ -759,10 +763,7 @@ def test_sweep_K_and_option_reach_the_drafter_and_rows_group_by_temperature(weig
 
 def test_table_counts_the_differing_rows_out_of_all_prompts(capsys):
     """"NO (1/3 differ)": the mismatches over the prompts run, not over themselves."""
-    row = dict(method="draft", temperature=0.0, K=3, tau=1.5, tau_se=0.1, tokens_per_s=10.0, speedup=1.2,
-               step_ms=dict(draft=1.0, verify=2.0, rest=0.5), predicted_speedup=1.3, lossless=False, mismatches=1,
-               drafter_params=0, acceptance_per_position=[0.5], first_difference_gaps=[0.25])
-    bench.print_table([row], 3)
+    bench.print_table([table_row(lossless=False, mismatches=1, first_difference_gaps=[0.25])], 3)
     out = capsys.readouterr().out
     assert "NO (1/3 differ)" in out and "first differs are 0.25 apart" in out
 
@@ -807,10 +808,9 @@ def test_bench_rows_take_each_figure_from_their_own_run_and_ar_only_as_the_basel
 def test_table_columns_sit_under_their_headers(capsys):
     """Each figure of a row under its own header (speedup measured, then predicted; tau, then its
     s.e.), and the step line's three parts with their sum."""
-    row = dict(method="draft", temperature=0.0, K=3, tau=2.5, tau_se=0.25, tokens_per_s=40.0, speedup=1.75,
-               step_ms=dict(draft=1.0, verify=2.0, rest=0.5), predicted_speedup=3.25, lossless=True, mismatches=0,
-               drafter_params=2_500_000, acceptance_per_position=[0.5], first_difference_gaps=[])
-    bench.print_table([row], 3)
+    bench.print_table([table_row(tau=2.5, tau_se=0.25, tokens_per_s=40.0, speedup=1.75,
+                                 step_ms=dict(draft=1.0, verify=2.0, rest=0.5), predicted_speedup=3.25,
+                                 drafter_params=2_500_000, acceptance_per_position=[0.5])], 3)
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, l in enumerate(lines) if l.startswith("method"))
     assert dict(zip(lines[head].split(), lines[head + 1].split())) == {
@@ -822,8 +822,7 @@ def test_table_columns_sit_under_their_headers(capsys):
 def test_sweep_table_prints_the_measured_speedup(weights, prompts_file, monkeypatch, capsys):
     """The sweep's speedup column is the measured one (ar's wall time over the row's), not the
     predicted one: bench_rows faked with distinct figures."""
-    row = dict(method="ar", temperature=0.0, K=0, tau=1.0, tokens_per_s=40.0, speedup=1.75,
-               predicted_speedup=3.25, lossless=True)
+    row = table_row(method="ar", K=0, tokens_per_s=40.0, speedup=1.75, predicted_speedup=3.25)
     monkeypatch.setattr(bench, "bench_rows", lambda *a: [dict(row)])
     sweep.main(["--target", str(weights / "target.pt"), "--method", "ngram", "--option", "K=2",
                 "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens", "2"])
