@@ -72,6 +72,14 @@ def test_a_transformers_qwen3_loads_with_its_logits(tmp_path, tied, dtype, shard
         assert (again(ids).logits - ours(ids)[0]).abs().max().item() <= 1e-5
 
 
+def logits_gap(folder, T):
+    """The largest difference between our logits and transformers' for a folder (both fp32)."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return (load_target(folder)(ids)[0] - hf(ids).logits).abs().max().item()
+
+
 @pytest.mark.parametrize("change", [
     {"rope_parameters": None},                       # no RoPE field at all: theta 10,000
     {"rope_theta": 1e6},                             # both: transformers 5 reads rope_parameters
@@ -92,10 +100,7 @@ def test_config_fields_left_out_or_doubled_read_as_transformers_reads_them(tmp_p
         else:
             c[k] = v
     json.dump(c, open(path, "w"))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.randint(0, V, (2, 40), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (load_target(folder)(ids)[0] - hf(ids).logits).abs().max().item() <= 1e-5
+    assert logits_gap(folder, 40) <= 1e-5
 
 
 def test_a_tied_checkpoint_that_stores_lm_head_anyway_loads(tmp_path):
@@ -108,10 +113,7 @@ def test_a_tied_checkpoint_that_stores_lm_head_anyway_loads(tmp_path):
     assert "lm_head.weight" not in sd
     save_file({**sd, "lm_head.weight": sd["model.embed_tokens.weight"].clone()}, weights,
               metadata={"format": "pt"})
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert (load_target(folder)(ids)[0] - hf(ids).logits).abs().max().item() <= 1e-5
+    assert logits_gap(folder, 20) <= 1e-5
 
 
 def test_our_tokenizer_exports_to_a_tokenizer_json_with_the_same_ids(tmp_path):
