@@ -324,13 +324,13 @@ def tv_bound(exact, N, delta=1e-6):
 SAMPLE_ROWS, SAMPLE_TOKENS, TEMPERATURE, TOP_K = 2000, 3, 1.0, 4
 
 
-def sampled_tv(target, prompt, drafter, K=2, seed=0, batch_size=None, temperature=TEMPERATURE):
+def sampled_tv(target, prompt, drafter, K=2, seed=0, temperature=TEMPERATURE, **kw):
     """TV between the first SAMPLE_TOKENS tokens of SAMPLE_ROWS sampled rows (one call, all rows
-    at once or through batch_size refilled rows) and the exact distribution, and the bound it
-    must stay under."""
+    at once or through batch_size refilled rows; kw: generate's batch_size, tree, compile) and
+    the exact distribution, and the bound it must stay under."""
     exact = exact_joint(target, prompt, SAMPLE_TOKENS, temperature, TOP_K)
     outs, st = speculate.generate(target, [list(prompt)] * SAMPLE_ROWS, drafter, max_new_tokens=SAMPLE_TOKENS,
-                                  K=K, temperature=temperature, top_k=TOP_K, seed=seed, batch_size=batch_size)
+                                  K=K, temperature=temperature, top_k=TOP_K, seed=seed, **kw)
     counts = Counter(tuple(o) for o in outs)
     return total_variation(counts, exact), tv_bound(exact, SAMPLE_ROWS), st
 

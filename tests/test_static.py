@@ -8,7 +8,6 @@ shape for these tiny models); the CUDA-graph path runs in the GPU test at the en
 
 import copy
 import os
-from collections import Counter
 
 import pytest
 import torch
@@ -19,9 +18,8 @@ from checkpoint import load_drafter, load_target
 from draft_simple import ModelDrafter, NgramDrafter
 from kv_cache import KVCache
 from model import generate as naive_generate
-from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
-                            feature_drafter, loopy_target, make_drafter, other_model, prompts,
-                            sampling_drafters, sampling_target, total_variation, tv_bound)
+from test_speculate import (SAMPLE_PROMPT, feature_drafter, loopy_target, make_drafter,
+                            other_model, prompts, sampled_tv, sampling_drafters, sampling_target)
 
 has_gpu = torch.cuda.is_available()
 W = os.path.join(data.WEIGHTS_DIR, "cpu")
@@ -125,12 +123,8 @@ def test_compiled_sampling_keeps_the_target_distribution(name, monkeypatch):
     a generator there broke it in pieces, each a CUDA graph of its own, eager draws between)."""
     strict(monkeypatch)
     target, drafter = sampling_target(), sampling_drafters()[name]
-    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
-    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
-                                  max_new_tokens=SAMPLE_TOKENS, K=2, temperature=1.0,
-                                  top_k=TOP_K, seed=0, compile=True)
-    tv = total_variation(Counter(tuple(o) for o in outs), exact)
-    assert tv < tv_bound(exact, SAMPLE_ROWS)
+    tv, bound, st = sampled_tv(target, SAMPLE_PROMPT, drafter, K=2, temperature=1.0, compile=True)
+    assert tv < bound
     assert 0.05 < st["acceptance_per_position"][0] < 0.95  # the rule's branches both ran
 
 
@@ -178,10 +172,6 @@ def test_compile_pads_missing_drafts_as_empty_slots(monkeypatch):
     compiler is replaced by the identity here: the padding is under test, not inductor (fast)."""
     monkeypatch.setattr(speculate, "compiled", lambda fn, owner, device: fn)
     target, drafter = sampling_target(), OneShort(sampling_drafters()["draft-q"])
-    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
-    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, drafter,
-                                  max_new_tokens=SAMPLE_TOKENS, K=2, temperature=1.0,
-                                  top_k=TOP_K, seed=0, compile=True)
+    tv, bound, st = sampled_tv(target, SAMPLE_PROMPT, drafter, K=2, temperature=1.0, compile=True)
     assert st["attempts_per_position"][1] == 0, st["attempts_per_position"]
-    tv = total_variation(Counter(tuple(o) for o in outs), exact)
-    assert tv < tv_bound(exact, SAMPLE_ROWS), tv
+    assert tv < bound, tv

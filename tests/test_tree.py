@@ -13,7 +13,6 @@ tree.py, tree verification for DFlash (DESIGN.md sec. 5b): still lossless.
 
 import itertools
 import math
-from collections import Counter
 
 import pytest
 import torch
@@ -25,8 +24,7 @@ from draft_simple import NgramDrafter
 from model import generate as naive_generate
 from test_dflash import random_dflash
 from test_model import tiny_model
-from test_speculate import (SAMPLE_PROMPT, SAMPLE_ROWS, SAMPLE_TOKENS, TOP_K, exact_joint,
-                            sampling_target, total_variation, tv_bound)
+from test_speculate import SAMPLE_PROMPT, sampled_tv, sampling_target
 
 PROMPTS = [[5, 9, 2, 7, 7, 1, 30, 4, 4], [3], [8, 1, 8, 1, 8, 1],
            [60, 61, 62, 63, 2, 2, 2, 2, 9, 9]]
@@ -146,13 +144,9 @@ def test_each_node_sees_the_cache_and_its_ancestors_only(monkeypatch):
 
 def tree_tv(drafter_tree, seed=0, block_size=4):
     target = sampling_target()
-    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
     dr = random_drafter(target, block_size=block_size, seed=7)
-    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS, dr,
-                                  max_new_tokens=SAMPLE_TOKENS, temperature=1.0, top_k=TOP_K,
-                                  seed=seed, tree=drafter_tree)
-    counts = Counter(tuple(o) for o in outs)
-    return total_variation(counts, exact), tv_bound(exact, SAMPLE_ROWS), st
+    return sampled_tv(target, SAMPLE_PROMPT, dr, K=None, seed=seed, temperature=1.0,
+                      tree=drafter_tree)
 
 
 def test_sampling_with_a_tree_is_lossless():
@@ -299,12 +293,9 @@ def test_each_node_judges_its_children_by_the_q_of_their_own_depth():
     judged with q ~1e-4, was accepted whenever p gave it any mass (output TV 0.71); the
     random DFlash of the other tests drafts alike at every depth, so they did not see it."""
     target = sampling_target()
-    exact = exact_joint(target, SAMPLE_PROMPT, SAMPLE_TOKENS, 1.0, TOP_K)
-    outs, st = speculate.generate(target, [list(SAMPLE_PROMPT)] * SAMPLE_ROWS,
-                                  PeakedSlots(target), max_new_tokens=SAMPLE_TOKENS, K=2,
-                                  temperature=1.0, top_k=TOP_K, seed=0, tree=tree.DraftTree(3))
-    tv = total_variation(Counter(tuple(o) for o in outs), exact)
-    assert tv < tv_bound(exact, SAMPLE_ROWS), tv
+    tv, bound, st = sampled_tv(target, SAMPLE_PROMPT, PeakedSlots(target), K=2, temperature=1.0,
+                               tree=tree.DraftTree(3))
+    assert tv < bound, tv
     assert 0.05 < st["acceptance_per_position"][0] < 0.95, st["acceptance_per_position"]
 
 
