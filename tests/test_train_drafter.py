@@ -189,7 +189,8 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
     """A 10-step run killed right after its save at step 5 leaves its state in <method>.run.pt
     and no drafter; the same command plus --resume continues it to step 10 with its optimizer
     and removes the run file. The clock continues too: a run saved past --minutes ends at
-    once. The resumed steps draw their own random stream (DFlash's anchors), not step 0's again."""
+    once. The resumed steps draw their own random stream (DFlash's anchors), seeded by --seed +
+    the step, not step 0's again."""
     def run_10_steps(*extra):
         run(target_dir, method, "--out-dir", str(tmp_path), "--max-steps", "10",
             "--batch-size", "2", "--save-minutes", "1e-9", *extra)
@@ -210,6 +211,8 @@ def test_a_killed_run_resumes_from_its_last_save(target_dir, tmp_path, method, m
     assert f"resuming {state} at step 5" in capsys.readouterr().out and not state.exists()
     assert len(streams[1]) == 5
     assert not any(torch.equal(a, b) for a in streams[0] for b in streams[1])
+    torch.manual_seed(0 + 5)  # --seed (0) + the step it resumes at, not some other re-seed
+    assert torch.equal(streams[1][0], torch.get_rng_state())
     assert resumed["step"] == 10
     assert all(s["step"] == 10 for s in resumed["optimizer"]["state"].values())
 
