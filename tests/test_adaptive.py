@@ -36,7 +36,7 @@ from test_dflash import random_dflash
 from test_eagle import random_eagle
 from test_mtp import echo_mtp, random_mtp
 from test_speculate import (SAMPLE_PROMPT, loopy_target, near_model_for, prompts, random_target,
-                            reference, sampled_tv, sampling_target)
+                            Wrapped, reference, sampled_tv, sampling_target)
 
 K, MAX_NEW = 6, 16
 # thresholds with rows stopping at different slots on these tiny models (V = 97, so a draft's
@@ -54,18 +54,15 @@ def make(method, target, confidence):
     return DFlashDrafter(target, random_dflash(target.cfg), confidence=confidence)
 
 
-class Lengths:
-    """Wraps a drafter and records how many slots each row drafted at each propose."""
+class Lengths(Wrapped):
+    """Records how many slots each row drafted at each propose."""
 
-    def __init__(self, drafter):
-        self.d, self.lengths = drafter, []
-        self.hidden_layers = drafter.hidden_layers
-
-    def __getattr__(self, name):
-        return getattr(self.d, name)
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.lengths = []
 
     def propose(self, tokens, n, K, **kw):
-        drafts, q = self.d.propose(tokens, n, K, **kw)
+        drafts, q = self.inner.propose(tokens, n, K, **kw)
         self.lengths.append((drafts >= 0).sum(1).tolist())
         return drafts, q
 

@@ -200,19 +200,27 @@ def feature_drafter(name, target):
     return DFlashDrafter(target, random_dflash(target.cfg).to(dev))
 
 
-class Recorder:
-    """Wraps a drafter and records, per row, the drafts it proposed after each committed
-    context: {context tuple: drafts tuple}."""
+class Wrapped:
+    """A drafter around another: a subclass overrides propose (to record or change what it
+    returns), and the rest (hidden_layers, prefill, update, refill, reset) is the inner one's."""
 
-    def __init__(self, drafter):
-        self.d, self.seen = drafter, {}
-        self.hidden_layers = drafter.hidden_layers
+    def __init__(self, inner):
+        self.inner = inner
 
-    def __getattr__(self, name):  # prefill, update, reset
-        return getattr(self.d, name)
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class Recorder(Wrapped):
+    """Records, per row, the drafts proposed after each committed context:
+    {context tuple: drafts tuple}."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.seen = {}
 
     def propose(self, tokens, n, K, **kw):
-        drafts, q = self.d.propose(tokens, n, K, **kw)
+        drafts, q = self.inner.propose(tokens, n, K, **kw)
         for b in range(tokens.shape[0]):
             self.seen[tuple(tokens[b, :int(n[b])].tolist())] = tuple(drafts[b].tolist())
         return drafts, q

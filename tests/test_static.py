@@ -19,7 +19,8 @@ from draft_simple import ModelDrafter, NgramDrafter
 from kv_cache import KVCache
 from model import generate as naive_generate
 from test_speculate import (SAMPLE_PROMPT, feature_drafter, loopy_target, make_drafter,
-                            other_model, prompts, sampled_tv, sampling_drafters, sampling_target)
+                            Wrapped, other_model, prompts, sampled_tv, sampling_drafters,
+                            sampling_target)
 
 has_gpu = torch.cuda.is_available()
 W = os.path.join(data.WEIGHTS_DIR, "cpu")
@@ -149,16 +150,10 @@ def test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding(name):
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
 
 
-class OneShort:
+class OneShort(Wrapped):
     """A sampling drafter that returns one draft fewer than asked, with its q: the interface
     allows K' < K, and compile=True pads the missing slots to one shape."""
     static_shapes = False
-
-    def __init__(self, inner):
-        self.inner, self.hidden_layers = inner, inner.hidden_layers
-
-    def __getattr__(self, name):  # prefill, update, refill: the inner drafter's
-        return getattr(self.inner, name)
 
     def propose(self, tokens, n, K, **kw):
         drafts, q = self.inner.propose(tokens, n, K, **kw)
