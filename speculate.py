@@ -313,7 +313,6 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                     next_prompt += 1
 
     retire(done.tolist())
-    past_vocab = torch.zeros_like(done)  # (B,): a chain pass sets it, a tree's or ar's leave it
     while not all(taken):
         # 1. draft
         clock.mark("rest")
@@ -337,6 +336,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
                 width = int((drafts >= 0).any(0).sum())
                 drafts, q = drafts[:, :width], (None if q is None else q[:, :width])
         clock.mark("draft" if drafter is not None else "rest")
+        past_vocab = (drafts >= V).any(1)  # (B,) read back below; a tree drafts within V
         if tree is not None:  # 2-4 for a tree; its accepted path is committed as a chain's is
             drafts, n_acc, nxt, hidden = tree.verify(target, cache, tokens, n, nodes, layers,
                                                      temperature, top_k, g)
@@ -344,7 +344,6 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
             # 2. verify: one target pass over [x_{N-1}, d_1..d_K'] per row (an empty slot
             # feeds token 0; a draft past the vocabulary, refused after the pass, is an empty
             # slot meanwhile: never accepted)
-            past_vocab = (drafts >= V).any(1)                          # (B,) read back below
             drafts = torch.where(drafts < V, drafts, NO_DRAFT)
             x = torch.cat([tokens[rows, n - 1][:, None], drafts.clamp(min=0)], 1)
             logits, hidden = verify(x, cache, hidden_layers=layers)           # (B, K'+1, V)
@@ -360,7 +359,6 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         Kd = drafts.shape[1]  # K' <= K
         # finished rows commit nothing; no row commits past its budget (a finished row keeps
         # riding along, so its n must stay within the T_max buffers)
-        n_acc = torch.where(done, 0, n_acc)
         n_new = torch.minimum(torch.where(done, 0, n_acc + 1), max_new_tokens - (n - lens))
         # commit d_1..d_{n_acc} and then the emitted token, per row: new is [d_1..d_{n_acc},
         # emitted, ...], keep admits its first n_new slots, other columns keep their value
