@@ -94,13 +94,13 @@ def kept(owner, key, make):
     store = owner.__dict__.setdefault("_kept", {})
     if any(k[1:] != key[1:] for k in store):  # another length: the old buffers go
         store.clear()
-    new = key not in store
-    bufs = store[key] = make() if new else store[key]
+    if key in store:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
+        for b in store[key]:
+            (b.lengths if isinstance(b, KVCache) else b).zero_()
+        return store[key]
+    bufs = store[key] = make()
     for b in bufs:
-        ts = [b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b]
-        if not new:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
-            ts[-1].zero_()
-        for t in ts if new else []:
+        for t in [b.k, b.v, b.lengths] if isinstance(b, KVCache) else [b]:
             if t.is_cuda:
                 torch._dynamo.mark_static_address(t)
     return bufs
