@@ -178,14 +178,13 @@ def _prepare(out_dir, rebuild, corpus="small"):
                   f"{meta['tokens']['train']:,} train tokens)")
             return {**meta, "paths": paths}  # paths as seen from here, not where it was built
         print(f"data: rebuilding {data_dir}: tokenizer or corpus changed since it was built")
-    os.makedirs(data_dir, exist_ok=True)
     enc = get_encoding()
     assert enc.n_vocab < 2**16, "token ids must fit in uint16"
     meta = {"corpus": corpus, "tokenizer_hash": tok_hash, "corpus_fingerprint": fingerprint,
             "paths": paths, "files": {}, "bytes": {}, "tokens": {}}
     t0 = time.time()
-    for split, split_files in ((s, files[s]) for s in ("train", "val")):
-        texts, n_files, n_bytes, n_tokens = read_texts(split_files), 0, 0, 0
+    for split in ("train", "val"):
+        texts, n_files, n_bytes, n_tokens = read_texts(files[split]), 0, 0, 0
         # no half bin if interrupted (atomic_open); 256 files at a time (flat memory)
         with atomic_open(paths[split], "wb") as f:
             while batch := [text for _, text in itertools.islice(texts, 256)]:
@@ -194,7 +193,7 @@ def _prepare(out_dir, rebuild, corpus="small"):
                 for ids in enc.encode_ordinary_batch(batch, num_threads=os.cpu_count() or 1):
                     np.array(ids + [enc.eot_token], dtype=np.uint16).tofile(f)
                     n_tokens += len(ids) + 1
-                progress(f"data: {split} {n_files}/{len(split_files)} files, "
+                progress(f"data: {split} {n_files}/{len(files[split])} files, "
                          f"{time.time() - t0:.1f}s")
         for key, n in (("files", n_files), ("bytes", n_bytes), ("tokens", n_tokens)):
             meta[key][split] = n
