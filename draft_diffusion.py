@@ -60,7 +60,7 @@ def feature_layers(n_layer, n_features):
     n_features = min(n_features, top)
     if n_features == 1:
         return (top,)
-    step = (top - 1) / max(n_features - 1, 1)
+    step = (top - 1) / (n_features - 1)
     return tuple(sorted({round(1 + i * step) for i in range(n_features)}))
 
 
@@ -105,12 +105,12 @@ class DFlash(nn.Module):
         v = [a.wv(c).view(B, T, a.n_kv_head, a.head_dim) for a in attns]
         return torch.stack(k), torch.stack(v)
 
-    def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask=None):
+    def blocks_forward(self, target, x, pos, ctx_k, ctx_v, mask):
         """The drafter proper (Block.forward rebuilt: context K/V first, then the block's own).
         x (B, S, C) block embeddings at positions pos (B, S); ctx_k/v (L, B, H, T_ctx, D) rotated
         context keys/values per layer (or a sequence of L such); mask (B, 1, 1, T_ctx + S), the
-        same for every query of a block (inference hides each row's unused context slots), or
-        None (every query sees every key). In training, B is batch x anchors.
+        same for every query of a block (inference hides each row's unused context slots, training
+        the context at and after each anchor). In training, B is batch x anchors.
         Returns logits (B, S, V) through the target's frozen head."""
         cos, sin = target.rope(pos)
         for i, layer in enumerate(self.layers):

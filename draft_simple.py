@@ -90,7 +90,7 @@ def cut_unsure(drafts, q, conf, C):
     return drafts[:, :width], (None if q is None else q[:, :width])
 
 
-def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C=0.0):
+def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C):
     """Up to K drafts one at a time (draft, mtp, eagle): logits (B, V) give the first, step(h, d)
     -> (h, logits) the next in one pass (h: eagle's feature, mtp's depth). C > 0: once every row
     drafted one it is unsure of, no more passes (cut_unsure). -> drafts (B, K'), q or None."""

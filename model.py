@@ -73,11 +73,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
-def rope_table(cfg, device=None):
+def rope_table(cfg):
     """cos, sin of shape (max_seq_len, D/2) for rotary embeddings."""
-    i = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device)
+    i = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32)
     inv_freq = 1.0 / (cfg.rope_theta ** (i / cfg.head_dim))
-    t = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
+    t = torch.arange(cfg.max_seq_len, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)  # (T_max, D/2)
     return freqs.cos(), freqs.sin()
 
@@ -221,10 +221,10 @@ class Transformer(nn.Module):
             cache.advance(T)
         return self.head(self.norm(x[:, -1:] if last_only else x)), hidden
 
-    def new_cache(self, batch_size, max_len=None, dtype=None):
+    def new_cache(self, batch_size, max_len=None):
         cfg = self.cfg
         return KVCache(cfg.n_layer, batch_size, cfg.n_kv_head, max_len or cfg.max_seq_len,
-                       cfg.head_dim, self.head.weight.device, dtype or self.head.weight.dtype)
+                       cfg.head_dim, self.head.weight.device, self.head.weight.dtype)
 
 
 # --- sampling and the naive reference generate ----------------------------------------------------
