@@ -47,6 +47,9 @@ def build_distill_data(target, n_seqs, prompt_len, gen_len, temperatures, seed=0
         if enc is not None:  # the same text in its tokens: 4x ours is plenty for prompt_len
             texts = [data.get_encoding().decode(tokens[j:j + span].tolist()) for j in ix]
             prompts = [enc.encode_ordinary(t)[:prompt_len] for t in texts]
+            if min(map(len, prompts)) < prompt_len:  # refused at the first batch, not the end
+                raise ValueError(f"the target's tokenizer is over 4x coarser than ours: {span} of "
+                                 f"our tokens re-encode to fewer than --prompt-len {prompt_len}")
         temp = temperatures[(i // batch) % len(temperatures)]
         # a seed per batch: one for all would give every sampled batch the same random stream
         cont, _ = speculate.generate(target, prompts, None, max_new_tokens=gen_len,

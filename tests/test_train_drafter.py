@@ -575,3 +575,10 @@ def test_a_coarser_tokenizer_gets_whole_prompts_from_windows_near_the_end(target
     target = load_target(str(target_dir / "target.pt"))
     out = train_drafter.build_distill_data(target, 64, 16, 4, [0.0], enc=Coarser(), batch=64)
     assert out.shape == (64, 20)
+
+    class FiveTimesCoarser:  # past the 4x margin: refused at the first batch, before generating
+        def encode_ordinary(self, t):
+            return data.get_encoding().encode_ordinary(t)[::5]
+    monkeypatch.setattr(speculate, "generate", None)
+    with pytest.raises(ValueError, match="over 4x coarser than ours: 64 of our tokens re-encode"):
+        train_drafter.build_distill_data(target, 64, 16, 4, [0.0], enc=FiveTimesCoarser())
