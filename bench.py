@@ -235,7 +235,7 @@ def get_parser():
     g.add_argument("--n-prompts", type=int, help="the first N prompts (default: 10 of the "
                    "committed held-out ones, all of a --prompts file)")
     g = p.add_argument_group("model, device and output")
-    g.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    g.add_argument("--target", default=os.path.join(data.REF_WEIGHTS, "target.pt"),
                    help="checkpoint or Hugging Face folder")
     g.add_argument("--weights", help="folder of the drafters' checkpoints (default: the target's)")
     g.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if any)")

@@ -21,6 +21,7 @@ import tiktoken
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER_PATH = os.path.join(ROOT, "tokenizer.tiktoken")
 WEIGHTS_DIR = os.path.join(ROOT, "weights")  # the committed checkpoints, weights/<preset>/
+REF_WEIGHTS = os.path.join(WEIGHTS_DIR, "cpu")  # the reference target.pt and its drafters
 PROMPTS_PATH = os.path.join(WEIGHTS_DIR, "heldout_prompts.jsonl")  # bench's default prompts
 # whole packages never trained on (corpus_files' "ood" split), where the out-of-domain prompts
 # come from: bench.py --prompts weights/ood_prompts.jsonl

@@ -28,7 +28,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     add_drafter_flags(p)
     p.add_argument("--check", action="store_true", help="greedy: compare with model.generate")
-    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    p.add_argument("--target", default=os.path.join(data.REF_WEIGHTS, "target.pt"),
                    help="target checkpoint or Qwen3 folder (default: the committed one)")
     p.add_argument("--weights", metavar="DIR", help="drafter's folder (default: the target's)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if any)")

@@ -220,7 +220,7 @@ def main(args):
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsHelp)
     p.add_argument("--method", required=True, choices=list(MODELS), help="which drafter")
-    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    p.add_argument("--target", default=os.path.join(data.REF_WEIGHTS, "target.pt"),
                    help="target checkpoint or Hugging Face Qwen3 folder (default: the committed "
                    "weights/cpu/target.pt)")
     p.add_argument("--out-dir", default=None, help="for the drafter and the distillation data "

@@ -106,7 +106,7 @@ def get_parser():
                    help="comma list: a row of ours per threshold C in (0, 1]")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's choice)")
     g = p.add_argument_group("models and output")
-    g.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    g.add_argument("--target", default=os.path.join(data.REF_WEIGHTS, "target.pt"),
                    help="target checkpoint")
     g.add_argument("--weights", help="folder of its draft.pt (default: the target's)")
     g.add_argument("--json", help="write the rows as JSON here")

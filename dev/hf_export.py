@@ -117,7 +117,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="OUT/dflash: the z-lab DFlash folder of a dflash.pt; "
                                 "OUT/target: for a target of ours, its Qwen3 folder and tokenizer")
     p.add_argument("out", help="the folder to write")
-    p.add_argument("--target", default=os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt"),
+    p.add_argument("--target", default=os.path.join(data.REF_WEIGHTS, "target.pt"),
                    help="target checkpoint or Qwen3 folder (default: the committed one)")
     p.add_argument("--weights", help="folder of its dflash.pt (default: the target's)")
     args = p.parse_args(argv)

@@ -25,7 +25,7 @@ import checkpoint
 import draft_simple
 import sample
 import speculate
-from data import WEIGHTS_DIR
+from data import REF_WEIGHTS as W
 from dev import plot, sweep
 from draft_diffusion import DFlashDrafter
 from draft_eagle import EagleDrafter
@@ -164,8 +164,6 @@ def test_dropping_a_draft_on_its_own_confidence_fails(monkeypatch):
 
 # -----------------------------------------------------------------------------
 # the flag
-
-W = os.path.join(WEIGHTS_DIR, "cpu")
 
 
 @pytest.mark.parametrize("flags, expect", [

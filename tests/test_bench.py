@@ -175,7 +175,7 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
                         f"--out-dir {weights}\n") and err.count("\n") == 1, err
     # another target against the committed drafters: the hint never writes into weights/
     with pytest.raises(SystemExit) as e:
-        bench.main(["--target", str(weights / "target.pt"), "--weights", os.path.join(data.WEIGHTS_DIR, "cpu"),
+        bench.main(["--target", str(weights / "target.pt"), "--weights", data.REF_WEIGHTS,
                     "--methods", "ar,eagle", "--prompts", str(prompts_file)])
     assert f"--out-dir {os.path.join(data.DATA_OUT, 'cpu', 'weights')}\n" in capsys.readouterr().err
     long = tmp_path / "long.txt"
@@ -209,7 +209,8 @@ def test_unknown_method_missing_drafter_too_long_prompt(weights, prompts_file, t
     (["--methods", "dflash-tree", "--confidence", "0.5"], "--confidence sets an option of draft/mtp/eagle/dflash,"),
     (["--methods", "dflash", "--mtp-draft", "1"], "--mtp-draft sets an option of mtp, which is not being run"),
     (["--methods", "dflash", "--tree", "8"], "--tree sets an option of dflash-tree, which is not being run"),
-    (["--weights", os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")], "--weights names a folder of checkpoints, not a file"),
+    (["--weights", os.path.join(data.REF_WEIGHTS, "target.pt")],
+     "--weights names a folder of checkpoints, not a file"),
     (["--batch-size", "11"], "a batch of 11 rows needs at least 11 prompts, and there are 10 (see --n-prompts)"),
     (["--n-prompts", "3", "--batch-size", "4"], "a batch of 4 rows needs at least 4 prompts, and there are 3")])
 def test_a_bad_flag_is_refused_before_any_work(flags, expect, capsys):
@@ -449,7 +450,7 @@ def test_the_default_is_the_committed_target_and_its_drafters(tmp_path, capsys):
     bench.main(["--methods", "ar,eagle", "--n-prompts", "1", "--max-new-tokens", "2", "--temperatures", "0",
                 "--json", str(js)])
     report = json.loads(js.read_text())
-    committed = os.path.join(data.WEIGHTS_DIR, "cpu")
+    committed = data.REF_WEIGHTS
     assert report["target"]["path"] == os.path.join(committed, "target.pt") and report["target"]["preset"] == "cpu"
     assert report["config"]["weights"] == committed and [r["method"] for r in report["results"]] == ["ar", "eagle"]
     assert report["machine"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -672,7 +673,7 @@ def test_a_prompt_too_long_for_the_trees_headroom_is_refused_before_any_work(cap
     import checkpoint
     text = data.reference_prompts(1)[0]
     n = len(data.get_encoding().encode_ordinary(text))
-    ctx = checkpoint.load_target(os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")).cfg.max_seq_len
+    ctx = checkpoint.load_target(os.path.join(data.REF_WEIGHTS, "target.pt")).cfg.max_seq_len
     flags = ["--methods", "dflash-tree", "--n-prompts", "1", "--temperatures", "0",
              "--max-new-tokens", str(ctx - n - 16)]
     with pytest.raises(SystemExit) as e:

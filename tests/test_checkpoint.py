@@ -27,7 +27,8 @@ import speculate
 from checkpoint import (METHODS, get_device, load_checkpoint, load_target,
                         save_checkpoint, weights_hash)
 from dev.export_weights import export_checkpoint
-from data import MASK, WEIGHTS_DIR, DefaultsHelp, check_writable, get_encoding, reference_prompts
+from data import MASK, DefaultsHelp, check_writable, get_encoding, reference_prompts
+from data import REF_WEIGHTS as W  # the committed reference weights, weights/cpu
 from draft_diffusion import DFlash
 from model import Config
 from test_model import save_tiny, tiny_model
@@ -249,7 +250,6 @@ def test_help_wraps_between_words_not_at_hyphens(monkeypatch):
 # -----------------------------------------------------------------------------
 # the committed reference weights
 
-W = os.path.join(WEIGHTS_DIR, "cpu")
 CASES = [  # (method, T, tau measured, floor asserted); ngram at T = 1 accepts ~nothing by nature
     ("ngram", 0.0, 1.88, 1.4),
     ("draft", 0.0, 1.28, 1.1), ("draft", 1.0, 1.47, 1.1),

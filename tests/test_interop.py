@@ -421,7 +421,7 @@ def test_autotokenizer_reads_our_export_as_we_tokenize(tmp_path):
     ids on 15 of the 256 held-out prompts. And tokenizers' regex engine read our \p{N}{1,3}+ as
     any number of digits: "2024" one piece, ours "202" "4" (2,310 of 5,000 random numbers)."""
     enc = data.get_encoding()
-    hf_export.save_hf_target(load_target(os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")),
+    hf_export.save_hf_target(load_target(os.path.join(data.REF_WEIGHTS, "target.pt")),
                              str(tmp_path), eos_token_id=enc.eot_token)
     hf_export.save_hf_tokenizer(enc, str(tmp_path), data.PAT_STR, eos=data.EOT)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))

@@ -23,7 +23,7 @@ from test_speculate import (SAMPLE_PROMPT, feature_drafter, loopy_target, make_d
                             sampling_target)
 
 has_gpu = torch.cuda.is_available()
-W = os.path.join(data.WEIGHTS_DIR, "cpu")
+W = data.REF_WEIGHTS
 
 
 def strict(monkeypatch):

@@ -460,7 +460,7 @@ def test_a_seq_len_past_the_context_is_refused_before_the_model_is_built(tmp_pat
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, run_script):
     """A folder named as the output file used to fail at the save, after the training."""
     (tmp_path / "a_file").write_text("x")
-    committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")
+    committed = os.path.join(data.REF_WEIGHTS, "target.pt")
     for cmd in (TINY + ["--max-steps", "1", "--out-path", str(tmp_path)],
                 MTP + ["--max-steps", "1", "--out-dir", str(tmp_path / "a_file")],
                 ["dev/export_weights.py", committed, str(tmp_path)]):

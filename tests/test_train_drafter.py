@@ -124,7 +124,7 @@ def test_the_printed_bench_command_measures_the_new_drafter(target_dir, tmp_path
     command that measures it (--target names the target), and that command runs it
     losslessly."""
     import bench
-    committed = os.path.join(data.WEIGHTS_DIR, "cpu", "target.pt")  # which a fresh clone has
+    committed = os.path.join(data.REF_WEIGHTS, "target.pt")  # which a fresh clone has
     assert train_drafter.get_parser().parse_args(["--method", "mtp"]).target == committed
     run(target_dir, "mtp", "--out-dir", str(tmp_path))
     hint = capsys.readouterr().out.strip().splitlines()[-1]
@@ -158,7 +158,7 @@ def test_training_leaves_the_target_alone(target_dir, tmp_path, monkeypatch):
 
 
 def test_default_out_dir_never_overwrites_the_committed_weights(tmp_path):
-    committed = os.path.join(data.WEIGHTS_DIR, "cpu")  # the folder of weights/cpu/target.pt
+    committed = data.REF_WEIGHTS  # the folder of weights/cpu/target.pt
     assert data.out_dir_for(committed) == os.path.join(data.DATA_OUT, "cpu", "weights")
     assert data.out_dir_for(str(tmp_path)) == str(tmp_path)
 
