@@ -128,7 +128,7 @@ class DFlash(nn.Module):
 
     def train_logits(self, target, tokens, feats, anchors):
         """All blocks of all anchors in one pass, each its own row of a (B*A)-row batch as at
-        inference, keys = its context (j < a) then its S slots: S*(T+S) scores a block, not a dense
+        inference, keys = its context (j < a) then its S slots: A*S*(T+S) scores in all, not a dense
         mask's A*S*(T+A*S). tokens (B, T), feats (B, T, n*C), anchors (B, A) -> logits (B, A, S,
         V), positions (B, A, S)."""
         B, T = tokens.shape

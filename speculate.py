@@ -188,7 +188,7 @@ def compiled(fn, owner, device):
     """torch.compile(fn) for generate(compile=True), kept on owner (the target, a drafter) per
     device. A GPU replays it as CUDA graphs (mode "reduce-overhead": one launch instead of
     hundreds), a CPU runs inductor's fused kernels; one compile per shape (~30 s on a CPU), and
-    per drafter and temperature: past torch's limit of 8 it would run eager, unsaid, so 64."""
+    per drafter and temperature: past torch's limit of 8 it runs eager (a log line only), so 64."""
     fns = owner.__dict__.setdefault("_compiled", {})
     if device not in fns:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

@@ -14,14 +14,14 @@
 #    and tests/test_static.py's GPU test: compiled steps (the target's verify pass and each
 #    drafter's propose) replayed as CUDA graphs give eager's tokens
 # 4. which attention kernel the target's masked grouped-query pass gets (dev/sdpa_probe.py)
-# 5. bench.py on the GPU with the committed cpu weights, every method but `draft` (8 passes per
-#    1.5 tokens), eager (--no-compile) and then with every verify pass a replayed CUDA graph
-#    (--compile, the GPU's default; each learned drafter's propose compiled too): issue 49's
-#    table. A model this small is bound by per-op
-#    overhead (~450 aten ops a step; one plain step on this project's slowest 2-core CPU:
-#    11 ms, ~1.6 ms of it matmuls), and on a GPU each op is a launch. Each row's time and tau
-#    are printed as it ends; the compiled run first compiles each method's verify shape in its
-#    untimed warm-up (~25-35 s a shape on the 2-core CPU; on the GPU not yet measured).
+# 5. bench.py on the GPU with the committed cpu weights, every method but `draft` (8 passes per 1.5
+#    tokens) and `dflash-tree` (eager either way), eager (--no-compile) and then with every verify
+#    pass a replayed CUDA graph (--compile, the GPU's default; each learned drafter's propose
+#    compiled too): issue 49's table. A model this small is bound by per-op overhead (~450 aten ops
+#    a step; one plain step on this project's slowest 2-core CPU: 11 ms, ~1.6 ms of it matmuls), and
+#    on a GPU each op is a launch. Each row's time and tau are printed as it ends; the compiled run
+#    first compiles each method's verify shape in its untimed warm-up (~25-35 s a shape on the
+#    2-core CPU; on the GPU not yet measured).
 # 6. a few steps of training on the GPU: a tiny target (with MTP heads, in bf16 autocast as on
 #    cuda), then distillation and each learned drafter. No test trains on a GPU, so this is
 #    where a device bug in training would show. ~40 s on a 2-core CPU, 8 s of it
@@ -70,9 +70,9 @@ step selfcheck 70 $PY dev/kernels_check.py
 # -v: a step cut off by its limit still shows which test ran last. Left out: every test of the
 # CPU emulation (CI's stand-in for this GPU, and the only tests that feed the extension bad
 # arguments: on the H200 image (torch 2.11.0+cu130) a failing TORCH_CHECK whose message formats
-# an integer segfaulted the interpreter, in a minimal load_inline extension too; README,
-# Troubleshooting). -n 4 where pytest-xdist is installed (the GPU image has it): a test that
-# kills the interpreter costs one worker, not the rest of the step.
+# an integer segfaulted the interpreter, in a minimal load_inline extension too; docs/
+# troubleshooting.md, "The CUDA extension"). -n 4 where pytest-xdist is installed (the GPU image
+# has it): a test that kills the interpreter costs one worker, not the rest of the step.
 XDIST=$($PY -c 'import xdist' 2>/dev/null && echo "-n 4")
 EMULATED="emu or self_check_covers or self_check_fails or self_check_counts or ops_take"
 EMULATED="$EMULATED or dispatches"

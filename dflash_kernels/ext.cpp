@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor> accept_scan(
   return {n, next};
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {  // called by __init__.py, all arguments positional
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {  // the engine calls it from __init__.py, positionally
   m.def("kv_inject", &kv_inject, "RoPE + scatter of new K/V into the cache, all layers, in place");
   m.def("accept_scan", &accept_scan, "(p, drafts, q, uniforms, version) -> (n_accepted, token)");
 }

@@ -1152,7 +1152,7 @@ def test_a_row_whose_first_token_is_the_stop_token_ends_at_its_prefill(batch_siz
 @pytest.mark.parametrize("name", ["none", "ngram", "draft", "mtp", "eagle", "dflash"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generate_one_equals_generate(name, temperature):
-    """speculate.generate_one, the ~50-line batch-1 loop a reader meets first, and generate,
+    """speculate.generate_one, the ~40-line batch-1 loop a reader meets first, and generate,
     the ragged batched one, give the same tokens: greedy, and sampled from the same seed (the
     two draw the same random numbers in the same order)."""
     target = random_target()
