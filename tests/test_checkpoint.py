@@ -151,8 +151,9 @@ def test_native_mtp_heads_in_the_target_need_no_mtp_checkpoint(tmp_path):
 
 
 def test_a_config_that_does_not_fit_its_weights_is_one_error_line(tmp_path):
-    """A hand-edited config (a field the model does not take, one block more than the tensors)
-    was a TypeError or a RuntimeError traceback listing every missing tensor."""
+    """A hand-edited config (a field the model does not take, a value of the wrong type, one
+    block more than the tensors) was a TypeError or a RuntimeError traceback listing every
+    missing tensor."""
     from test_dflash import random_dflash
     save_tiny(tmp_path / "target.pt")
     target = load_target(str(tmp_path / "target.pt"))
@@ -162,7 +163,9 @@ def test_a_config_that_does_not_fit_its_weights_is_one_error_line(tmp_path):
     ck = load_checkpoint(str(tmp_path / "target.pt"))
     for path, edited, why in [
             (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layers": 3}),
-             "config fields dflash does not take: n_layers"),
+             r"its config does not build a dflash \(.*unexpected keyword argument 'n_layers'\)"),
+            (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layer": "3"}),
+             r"its config does not build a dflash \('str' object cannot be interpreted as an"),
             (tmp_path / "dflash.pt", dict(good, config={**good["config"], "n_layer": 3}),
              r"\d+ tensors missing, e.g. layers.2."),
             (tmp_path / "t2.pt", dict(ck, config={**ck["config"], "n_layer": 3}),
