@@ -15,6 +15,7 @@ import torch
 import data
 import speculate
 from checkpoint import load_drafter, load_target
+from data import REF_WEIGHTS as W
 from draft_simple import ModelDrafter, NgramDrafter
 from kv_cache import KVCache
 from model import generate as naive_generate
@@ -23,7 +24,6 @@ from test_speculate import (SAMPLE_PROMPT, feature_drafter, loopy_target, make_d
                             sampling_target)
 
 has_gpu = torch.cuda.is_available()
-W = data.REF_WEIGHTS
 
 
 def strict(monkeypatch):
