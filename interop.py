@@ -33,9 +33,6 @@ LAYER_KEYS = {f"{ours}.weight": f"{theirs}.weight" for ours, theirs in [
 PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
 OTHERS = [b for b in range(256) if b not in PRINTABLE]
 BYTE_CHARS = {**{b: chr(b) for b in PRINTABLE}, **{b: chr(256 + i) for i, b in enumerate(OTHERS)}}
-# Qwen2's split regex (Qwen3 keeps it): a GPT-4-like pre-tokenizer with single digits
-QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Config's fields -> their names in a Qwen3 config.json (dev/hf_export.py writes them in order)
 QWEN3_NAMES = dict(n_embd="hidden_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
                    n_kv_head="num_key_value_heads", head_dim="head_dim", vocab_size="vocab_size",
@@ -139,17 +136,20 @@ class HFEncoding(tiktoken.Encoding):
         return super().encode(unicodedata.normalize("NFC", text) if self.nfc else text, **kw)
 
 
-def split_pattern(pre):
-    """The split regex of a tokenizer.json pre_tokenizer (a Split, or GPT-2's ByteLevel)."""
-    for p in pre.get("pretokenizers", [pre]) if pre else []:
-        if p["type"] == "Split":  # tiktoken splits by the regex's matches: so must the file
-            if p.get("behavior") != "Isolated" or p.get("invert") or "Regex" not in p["pattern"]:
-                raise ValueError(f"tokenizer.json: a {p.get('behavior')} Split by {p['pattern']}"
-                                 f"{' (inverted)' if p.get('invert') else ''} is not supported")
-            return p["pattern"]["Regex"]
-        if p["type"] == "ByteLevel" and p.get("use_regex", True):
-            return r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-    return QWEN_PATTERN
+def split_pattern(pre, path):
+    """The split regex of a tokenizer.json pre_tokenizer. tiktoken splits once, by one regex's
+    matches, so only two are taken: a Split by a regex, then a ByteLevel that maps bytes (Qwen's,
+    Llama 3's), or a ByteLevel that splits by GPT-2's regex too. Others loaded with other ids."""
+    steps = pre.get("pretokenizers", [pre]) if pre else []
+    kinds, split = [p["type"] for p in steps], steps[0] if steps else {}
+    if kinds == ["ByteLevel"] and split.get("use_regex", True):
+        return r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    if (kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True) and "Regex" in
+            split["pattern"] and split.get("behavior") == "Isolated" and not split.get("invert")):
+        return split["pattern"]["Regex"]
+    raise ValueError(f"{path}: pre_tokenizer {' + '.join(kinds) or 'none'} is not supported: only "
+                     "an Isolated Split by a Regex then a ByteLevel with use_regex false (Qwen's), "
+                     "or a ByteLevel alone (GPT-2's)")
 
 
 def load_hf_tokenizer(folder):
@@ -175,9 +175,9 @@ def load_hf_tokenizer(folder):
         raise ValueError(f"{path}: not a byte-level vocabulary") from None
     if any(bytes([b]) not in ranks for b in range(256)):  # text with one made tiktoken panic
         raise ValueError(f"{path}: a byte-level vocabulary without all 256 bytes")
-    specials = {t["content"]: t["id"] for t in added}  # matched first, as by transformers, also
+    specials = {t["content"]: t["id"] for t in added}  # matched first (also those in the vocab)
     enc = HFEncoding(name=os.path.basename(os.path.abspath(folder)), mergeable_ranks=ranks,
-                     pat_str=split_pattern(pre), special_tokens=specials)  # those in the vocab
+                     pat_str=split_pattern(pre, path), special_tokens=specials)  # as transformers
     enc.nfc = bool(norms)
     return enc
 

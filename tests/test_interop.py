@@ -13,6 +13,7 @@ Qwen3ForCausalLM and tokenizers' byte-level BPE, on tiny random models made here
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ from draft_simple import ModelDrafter, NgramDrafter
 from model import generate as naive_generate
 
 V = 97
+# Qwen2's split regex (Qwen3 keeps it): a GPT-4-like pre-tokenizer with single digits
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def hf_qwen3(tmp_path, name="qwen", tied=False, dtype=torch.float32, shard=None, seed=0):
@@ -134,7 +138,7 @@ def test_a_qwen_style_tokenizer_json_converts_to_tiktoken(tmp_path):
     tk = tokenizers.Tokenizer(models.BPE())
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(interop.QWEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
     trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -358,7 +362,9 @@ def test_tokenizer_json_features_we_cannot_reproduce_are_refused(tmp_path):
                       (lambda tj: tj["pre_tokenizer"]["pretokenizers"][1].update(
                           add_prefix_space=True), "a prefix space"),
                       (lambda tj: tj["added_tokens"][0].update(lstrip=True), "that strip"),
-                      (lambda tj: tj["model"]["vocab"].pop(interop.BYTE_CHARS[7]), "256 bytes")]:
+                      (lambda tj: tj["model"]["vocab"].pop(interop.BYTE_CHARS[7]), "256 bytes"),
+                      (lambda tj: tj["model"].update(type="WordPiece"), "a WordPiece model"),
+                      (lambda tj: tj["model"]["vocab"].update({"\u4e2d": 5000}), "not a byte-level")]:
         with pytest.raises(ValueError, match=f"^{tmp_path}/tokenizer.json: .*{why}"):
             load(edit)
     assert load(lambda tj: tj.update(normalizer={"type": "Sequence",
@@ -396,8 +402,55 @@ def test_a_split_the_tokenizer_cannot_follow_is_refused(tmp_path):
         bad = {**tj, "pre_tokenizer": {**tj["pre_tokenizer"], "pretokenizers": [
             split, tj["pre_tokenizer"]["pretokenizers"][1]]}}
         json.dump(bad, open(tmp_path / "tokenizer.json", "w"))
-        with pytest.raises(ValueError, match="Split .* is not supported"):
+        with pytest.raises(ValueError, match="Split \\+ ByteLevel is not supported"):
             interop.load_hf_tokenizer(str(tmp_path))
+
+
+def trained_bpe(folder, pre):
+    """A byte-level BPE that tokenizers trains on half the committed prompts, with pre-tokenizer
+    pre, saved to folder/tokenizer.json."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tk = tokenizers.Tokenizer(models.BPE())
+    tk.pre_tokenizer, tk.decoder = pre, decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(data.reference_prompts(data.N_REFERENCE_PROMPTS)[::2], trainer)
+    tk.save(os.path.join(folder, "tokenizer.json"))
+    return tk
+
+
+def test_gpt2s_byte_level_pre_tokenizer_gives_its_ids(tmp_path):
+    """A ByteLevel alone splits by GPT-2's regex before it maps bytes: the tiktoken built from the
+    file splits by that regex too, and gives tokenizers' ids on every committed prompt."""
+    from tokenizers import pre_tokenizers
+    tk = trained_bpe(str(tmp_path), pre_tokenizers.ByteLevel(add_prefix_space=False))
+    enc = interop.load_hf_tokenizer(str(tmp_path))
+    text = data.reference_prompts(data.N_REFERENCE_PROMPTS) + ["x  =  1\n\n\ty's 12345 ''"]
+    assert all(enc.encode_ordinary(t) == tk.encode(t).ids for t in text)
+
+
+def test_a_pre_tokenizer_that_one_regex_cannot_follow_is_refused(tmp_path):
+    """Each loaded and gave other ids than tokenizers on every committed prompt (two Splits, as
+    DeepSeek-V3's file has, were taken as the first; a ByteLevel that splits nothing, or none at
+    all, as Qwen's regex) or on some (a ByteLevel that splits after a Split or Digits)."""
+    from tokenizers import Regex, pre_tokenizers as P
+    level = lambda split: P.ByteLevel(add_prefix_space=False, use_regex=split)
+    for pre, kinds in [
+            (P.Sequence([P.Split(Regex(r"\p{N}{1,3}"), behavior="isolated"),
+                         P.Split(Regex(data.PAT_STR), behavior="isolated"), level(False)]),
+             "Split + Split + ByteLevel"),
+            (level(False), "ByteLevel"),
+            (P.Sequence([P.WhitespaceSplit(), level(False)]), "WhitespaceSplit + ByteLevel"),
+            (P.Sequence([P.Split(Regex(data.PAT_STR), behavior="isolated"), level(True)]),
+             "Split + ByteLevel"),
+            (P.Sequence([P.Digits(individual_digits=True), level(True)]), "Digits + ByteLevel")]:
+        trained_bpe(str(tmp_path), pre)
+        with pytest.raises(ValueError, match=re.escape(f"tokenizer.json: pre_tokenizer {kinds} is not")):
+            interop.load_hf_tokenizer(str(tmp_path))
+    tj = json.load(open(tmp_path / "tokenizer.json"))
+    json.dump({**tj, "pre_tokenizer": None}, open(tmp_path / "tokenizer.json", "w"))
+    with pytest.raises(ValueError, match="pre_tokenizer none is not supported"):
+        interop.load_hf_tokenizer(str(tmp_path))
 
 
 def test_a_zlab_drafter_with_fewer_kv_heads_than_its_target_is_lossless(tmp_path):
