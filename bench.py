@@ -33,6 +33,7 @@ from train import check_args as check_flags
 
 REPEAT_WARN = 0.15  # a target repeating more of its 8-grams loops (real code: ~2 %, DESIGN sec. 2)
 repeat8 = lambda outs: sum(data.repeated_ngram_fraction(o, 8) for o in outs) / len(outs)
+params = lambda drafter: drafter.params() if hasattr(drafter, "params") else 0  # ar, ngram: 0
 
 
 def die(msg):  # bad input ends in one line on stderr and exit code 2, never a traceback
@@ -96,10 +97,6 @@ def step_ms(st):
     return {k: 1e3 * st[k + "_s"] / st["verify_passes"] for k in ("draft", "verify", "rest")}
 
 
-def params(drafter):
-    return drafter.params() if hasattr(drafter, "params") else 0  # ar and ngram have none
-
-
 def lossless(target, prompts, outs, ar_outs, T):
     """At T = 0 the outputs must equal plain decoding's token for token; where a row first
     differs, the gap between the target's logits for the two tokens (a near-tie: rounding scale;
@@ -127,8 +124,11 @@ def bench_rows(target, drafters, Ks, prompts, temps, batch_size, args):
     # take (a shorter last batch too) compiles and records its graph here, over a few passes
     last = batch_size if args.continuous else len(prompts) % batch_size or batch_size
     for (m, T), b in itertools.product(runs, dict.fromkeys([batch_size, last])):
+        t0 = time.perf_counter()
         generate(target, prompts[:b], drafters[m], max_new_tokens=32 if args.compile else 4,
                  temperature=T, seed=0, K=max(Ks[m], 1), compile=args.compile)
+        if args.compile:  # progress through minutes of compiling, and what each shape cost
+            print(f"{m:11s} T={T:<4g} batch {b:3d}: compiled in {time.perf_counter() - t0:.1f} s")
     for r in range(args.repeats):
         for (m, T), rs in runs.items():
             rs.append(run(target, drafters[m], prompts, Ks[m], T, args, batch_size))

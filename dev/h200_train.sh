@@ -78,8 +78,9 @@
 #    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
 # 7. bench 95 s, with FROM_WEIGHTS only (the first session gives its time to the target):
 #    bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at T = 0 and 1
-#    (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension built first
-#    (~18 s on an H200, dev/gpu_check.sh). gpu_check's same rows took 74 s there.
+#    (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension built beside the
+#    drafters in step 5 (~18 s on an H200, dev/gpu_check.sh). gpu_check's same rows took 74 s
+#    there, the extension already built.
 #    Eager (--no-compile): compiling each method's shapes (the GPU's default) takes ~30 s a
 #    shape on a CPU and would not fit; dev/gpu_check.sh measures the compiled path.
 # Every step runs even if an earlier one failed (each has its limit, so a hang cannot eat the
@@ -214,11 +215,17 @@ DISTILL=("distill" "DFLASH_CUDA_EXT=0 $PY train_drafter.py --method mtp $D --max
 --save-minutes 0 $T_DISTILL && rm $W/mtp.pt")
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
+# with a bench to come, the CUDA extension is built beside them (~18 s of nvcc on the host's
+# cores): nothing before bench builds it, and inside bench's 95 s it would not fit
+KERNELS=()
+[ -z "$FROM" ] || KERNELS=("kernels" "$PY -c \"import dflash_kernels as k; k.available('$DEV')\"")
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   dflash "$PY train_drafter.py --method dflash $D $R --batch-size 32 --lr 2.4e-3 --anchors 16 \
 --continuation-only $T_DISTILL $T_RUN" \
   eagle "$PY train_drafter.py --method eagle $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
-  mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN"
+  mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
+  "${KERNELS[@]}"
+rm -f out/cuda_build/*/lock  # a build cut off by the limit leaves it, and bench would wait on it
 step export 15 bash -c export_all
 [ -z "$FROM" ] || step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt \
   --weights $W/weights --methods ar,ngram,mtp,eagle,dflash --no-compile \

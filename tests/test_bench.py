@@ -10,6 +10,7 @@ batch_size), which was bench's. The SVG chart of its JSON: tests/test_plot.py.
 import argparse
 import os
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -97,15 +98,20 @@ def test_n_prompts_takes_the_first_of_a_prompts_file(weights, prompts_file, caps
 
 def test_compile_runs_every_row_lossless_and_the_card_says_so(weights, prompts_file, capsys):
     """--compile (off by default on a CPU): the verify passes run compiled (inductor here), the
-    T = 0 rows still equal plain decoding's, and the card names the path that ran."""
+    T = 0 rows still equal plain decoding's, and the card names the path that ran. Each
+    method's warm-up, which compiles, prints its time as it ends (eager, nothing)."""
     rows = bench.main(["--target", str(weights / "target.pt"), "--methods", "ar,ngram",
                        "--temperatures", "0", "--prompts", str(prompts_file), "--max-new-tokens",
                        "8", "--compile"])
     assert all(r["lossless"] for r in rows)
-    assert "compiled steps: True" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "compiled steps: True" in out
+    assert re.search(r"^ar +T=0 +batch +1: compiled in \d+\.\d s$", out, flags=re.M), out
+    assert re.search(r"^ngram +T=0 +batch +1: compiled in", out, flags=re.M), out
     bench.main(["--target", str(weights / "target.pt"), "--methods", "ar", "--temperatures", "0",
                 "--prompts", str(prompts_file), "--max-new-tokens", "2"])
-    assert "compiled steps: False" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "compiled steps: False" in out and "compiled in" not in out
 
 
 def test_continuous_batching_gives_the_same_greedy_rows(weights, prompts_file, capsys):
