@@ -430,9 +430,10 @@ def test_gpt2s_byte_level_pre_tokenizer_gives_its_ids(tmp_path):
 
 
 def test_a_pre_tokenizer_that_one_regex_cannot_follow_is_refused(tmp_path):
-    """Each loaded and gave other ids than tokenizers on every committed prompt (two Splits, as
-    DeepSeek-V3's file has, were taken as the first; a ByteLevel that splits nothing, or none at
-    all, as Qwen's regex) or on some (a ByteLevel that splits after a Split or Digits)."""
+    """Each loaded. Two Splits (DeepSeek-V3's shape: taken as the first), a ByteLevel that splits
+    nothing or a WhitespaceSplit (taken as Qwen's regex) gave other ids than tokenizers on every
+    committed prompt; a ByteLevel that splits after a Split or Digits splits twice, which one
+    regex reproduces only by chance (on these prompts the ids agreed)."""
     from tokenizers import Regex, pre_tokenizers as P
     level = lambda split: P.ByteLevel(add_prefix_space=False, use_regex=split)
     for pre, kinds in [
