@@ -3,7 +3,7 @@ DFlash: a block-diffusion drafter with target-feature KV injection
 (Chen, Liang, Liu, "DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036).
 
 An autoregressive drafter pays one forward pass per draft token. DFlash fills a whole block
-in ONE pass: the block is [x_last, <|mask|> x (S-1)] at positions s..s+S-1, it attends to
+in ONE pass: the block is [x_s, <|mask|> x (S-1)] at positions s..s+S-1 (s = N-1), it attends to
 itself bidirectionally (no mask), and the output at slot k is the draft for position s+k
 (same position, not shifted), so one pass yields S-1 drafts and one verify covers S tokens
 (S is the block size, the paper's B = 16; B is the batch here, as everywhere in this repo).

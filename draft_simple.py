@@ -21,6 +21,80 @@ from model import draw, logits_to_probs
 from speculate import NO_DRAFT
 
 
+class NgramDrafter:
+    """Prompt lookup, falling back from `n`-grams to shorter ones. Without a match it proposes
+    nothing (a step of plain decoding); in a batch such a row leaves its slots empty (NO_DRAFT)
+    beside rows that drafted, so every row decodes as it would alone."""
+    hidden_layers = ()
+
+    def __init__(self, n=3, min_n=1):
+        if not 1 <= min_n <= n:  # else no key length is tried and it never drafts
+            raise ValueError(f"ngram keys need 1 <= min_n <= n, got n={n}, min_n={min_n}")
+        self.max_n, self.min_n = n, min_n
+
+    def prefill(self, *args):  # no state: propose reads the committed tokens afresh
+        pass
+    update = refill = prefill
+
+    def _lookup(self, seq, K):
+        for m in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            key = seq[-m:]
+            for start in range(len(seq) - m - 1, -1, -1):  # latest occurrence first
+                if seq[start:start + m] == key:
+                    # copy what followed, cyclically, so a short loop fills all K drafts
+                    follow = seq[start + m:]
+                    return [follow[i % len(follow)] for i in range(K)]
+        return []
+
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        rows = [self._lookup(tokens[b, :int(n[b])].tolist(), K) for b in range(tokens.shape[0])]
+        width = max(map(len, rows))  # K, or 0 when no row matched: (B, 0), a plain step
+        rows = [r or [NO_DRAFT] * width for r in rows]
+        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None  # q one-hot
+
+
+class ModelDrafter:
+    """A smaller model of the target's family drafts K tokens one at a time (module docstring)."""
+    static_shapes = True  # generate(compile=True) compiles propose
+    hidden_layers = ()
+
+    def __init__(self, model, sample=True, confidence=0.0):
+        self.model, self.sample, self.confidence = model, sample, confidence
+        self.vocab_size = model.cfg.vocab_size  # generate refuses a target of another vocabulary
+
+    def params(self):
+        return self.model.n_params()
+
+    @torch.no_grad()
+    def prefill(self, tokens, n, feats):
+        T, ctx = tokens.shape[1], self.model.cfg.max_seq_len
+        if T > ctx:  # its positions run as far as the target's
+            raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
+                             f"headroom), past the draft model's context of {ctx}")
+        self.cache, = kept(self, (*tokens.shape, self.model.head.weight.dtype, tokens.device),
+                           lambda: [self.model.new_cache(tokens.shape[0], max_len=T)])
+        feed_ragged(self.model, self.cache, tokens, n - 1)  # the prompts but the pending token
+
+    def update(self, *args):  # propose catches up on the committed tokens itself
+        pass
+
+    @torch.no_grad()
+    def refill(self, b, tokens, n, feats):
+        fed = int(n[b]) - 1  # all but the pending token, through row b's slice of the cache
+        self.model(tokens[b:b + 1, :fed], self.cache.row(b))
+        self.cache.lengths[b] = fed
+
+    @torch.no_grad()
+    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
+        # catch up on the committed tokens: the last step's accepted ones and the pending one
+        logits = feed_ragged(self.model, self.cache, tokens, n, bound=K + 1)
+        step = lambda h, d: (h, self.model(d[:, None], self.cache)[0][:, -1])
+        out = draft_chain(step, None, logits, K, temperature, top_k, generator, self.sample,
+                          self.confidence)
+        self.cache.rollback(n)  # tentative drafts leave the draft cache
+        return out
+
+
 def ragged_positions(start, last, bound=None):
     """Positions start[b]..last[b] of every row, padded by repeating last[b]: (B, m). The drafters
     with a cache of their own catch it up on ragged rows in one pass this way; the padding writes
@@ -109,77 +183,3 @@ def draft_chain(step, h, logits, K, temperature, top_k, generator, sample, C):
             h, logits = step(h, d)
     drafts, q = torch.stack(drafts, 1), (torch.stack(qs, 1) if qs else None)
     return cut_unsure(drafts, q, torch.stack(conf, 1), C) if conf else (drafts, q)
-
-
-class NgramDrafter:
-    """Prompt lookup, falling back from `n`-grams to shorter ones. Without a match it proposes
-    nothing (a step of plain decoding); in a batch such a row leaves its slots empty (NO_DRAFT)
-    beside rows that drafted, so every row decodes as it would alone."""
-    hidden_layers = ()
-
-    def __init__(self, n=3, min_n=1):
-        if not 1 <= min_n <= n:  # else no key length is tried and it never drafts
-            raise ValueError(f"ngram keys need 1 <= min_n <= n, got n={n}, min_n={min_n}")
-        self.max_n, self.min_n = n, min_n
-
-    def prefill(self, *args):  # no state: propose reads the committed tokens afresh
-        pass
-    update = refill = prefill
-
-    def _lookup(self, seq, K):
-        for m in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
-            key = seq[-m:]
-            for start in range(len(seq) - m - 1, -1, -1):  # latest occurrence first
-                if seq[start:start + m] == key:
-                    # copy what followed, cyclically, so a short loop fills all K drafts
-                    follow = seq[start + m:]
-                    return [follow[i % len(follow)] for i in range(K)]
-        return []
-
-    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        rows = [self._lookup(tokens[b, :int(n[b])].tolist(), K) for b in range(tokens.shape[0])]
-        width = max(map(len, rows))  # K, or 0 when no row matched: (B, 0), a plain step
-        rows = [r or [NO_DRAFT] * width for r in rows]
-        return torch.tensor(rows, dtype=torch.long, device=tokens.device), None  # q one-hot
-
-
-class ModelDrafter:
-    """A smaller model of the target's family drafts K tokens one at a time (module docstring)."""
-    static_shapes = True  # generate(compile=True) compiles propose
-    hidden_layers = ()
-
-    def __init__(self, model, sample=True, confidence=0.0):
-        self.model, self.sample, self.confidence = model, sample, confidence
-        self.vocab_size = model.cfg.vocab_size  # generate refuses a target of another vocabulary
-
-    def params(self):
-        return self.model.n_params()
-
-    @torch.no_grad()
-    def prefill(self, tokens, n, feats):
-        T, ctx = tokens.shape[1], self.model.cfg.max_seq_len
-        if T > ctx:  # its positions run as far as the target's
-            raise ValueError(f"this run needs {T} positions (prompt + new tokens + draft "
-                             f"headroom), past the draft model's context of {ctx}")
-        self.cache, = kept(self, (*tokens.shape, self.model.head.weight.dtype, tokens.device),
-                           lambda: [self.model.new_cache(tokens.shape[0], max_len=T)])
-        feed_ragged(self.model, self.cache, tokens, n - 1)  # the prompts but the pending token
-
-    def update(self, *args):  # propose catches up on the committed tokens itself
-        pass
-
-    @torch.no_grad()
-    def refill(self, b, tokens, n, feats):
-        fed = int(n[b]) - 1  # all but the pending token, through row b's slice of the cache
-        self.model(tokens[b:b + 1, :fed], self.cache.row(b))
-        self.cache.lengths[b] = fed
-
-    @torch.no_grad()
-    def propose(self, tokens, n, K, temperature=0.0, top_k=None, generator=None):
-        # catch up on the committed tokens: the last step's accepted ones and the pending one
-        logits = feed_ragged(self.model, self.cache, tokens, n, bound=K + 1)
-        step = lambda h, d: (h, self.model(d[:, None], self.cache)[0][:, -1])
-        out = draft_chain(step, None, logits, K, temperature, top_k, generator, self.sample,
-                          self.confidence)
-        self.cache.rollback(n)  # tentative drafts leave the draft cache
-        return out

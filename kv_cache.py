@@ -87,12 +87,12 @@ class KVCache:
 
 
 def kept(owner, key, make):
-    """make() -> buffers (tensors, KVCaches) kept on owner under key (rows, length, dtype, device),
-    handed out again, emptied, at later calls with that key: a GPU's CUDA graphs replay in-place
-    writes only into tensors whose addresses never change, marked static (torch runs any other
-    step without its graph). One length at a time, a set per row count (compiled: the context)."""
+    """make() -> buffers (tensors, KVCaches), made once per key (rows, length, dtype, device) on
+    owner, handed out again, emptied, at later calls: a GPU's CUDA graphs replay in-place writes
+    only into tensors whose addresses never change, marked static (else torch skips the graph).
+    Several row counts' sets coexist; a new length (compiled: the context) drops them all."""
     store = owner.__dict__.setdefault("_kept", {})
-    if any(k[1:] != key[1:] for k in store):  # another length: the old buffers go
+    if any(k[1:] != key[1:] for k in store):  # another length, dtype or device: all sets go
         store.clear()
     if key in store:  # a KVCache restarts by its lengths (stale slots are masked), the rest zeroed
         for b in store[key]:

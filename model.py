@@ -123,14 +123,14 @@ class Attention(nn.Module):
         q = self.q_norm(self.wq(x).view(B, T, self.n_head, self.head_dim)).transpose(1, 2)
         return apply_rope(q, cos, sin)  # (B, H, T, D)
 
-    def forward(self, x, cos, sin, cache=None, layer=0, pos=None, mask=None):
+    def forward(self, x, cos, sin, cache=None, layer=0, slots=None, mask=None):
         B, T, _ = x.shape
         q = self.project_q(x, cos, sin)
         k, v = self.project_kv(x, cos, sin)
         if cache is None:  # training / naive path: plain causal attention over x itself
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:  # kv_cache.py (file 2): write the new keys at each row's offset, attend to the row
-            cache.write(layer, k, v, pos)  # then every slot, the mask picks
+        else:  # kv_cache.py (file 2): write k, v at each row's own offset, then attend to all
+            cache.write(layer, k, v, slots)  # T_max slots of the row; the mask hides the rest
             k, v, mask = cache.k[layer], cache.v[layer], cache.mask if mask is None else mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
@@ -155,8 +155,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache=None, layer=0, pos=None, mask=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, pos, mask)
+    def forward(self, x, cos, sin, cache=None, layer=0, slots=None, mask=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, slots, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -208,8 +208,8 @@ class Transformer(nn.Module):
                 raise ValueError(f"{T} tokens exceed max_seq_len {self.cfg.max_seq_len}")
             slots = torch.arange(T, device=idx.device).expand(B, T)
         else:
-            slots = cache.positions(T)  # (B, T) per-row cache slots: also the positions
-        pos, mask = (slots, None) if tree is None else tree
+            slots = cache.positions(T)  # (B, T) per-row cache slots k, v go to: also RoPE's
+        pos, mask = (slots, None) if tree is None else tree  # a tree's RoPE: base + depth
         cos, sin = self.rope(pos)
         x = self.embed(idx)  # (B, T, C)
         hidden = [x] if 0 in hidden_layers else []

@@ -2,25 +2,25 @@
 One lossless verification loop for every drafter (DESIGN.md sec. 5). Notation follows Leviathan
 et al. 2023 (arXiv 2211.17192): p = target, q = draft.
 
-One step, per row:
-  1. the drafter proposes d_1..d_K and, when sampling, the distributions q_1..q_K
-  2. the target runs once over [x_last, d_1..d_K] (K+1 positions) -> p_1..p_{K+1}
-  3. accept d_i while u_i < min(1, p_i(d_i) / q_i(d_i))      (greedy: while d_i == argmax p_i)
-  4. at the first rejection i emit a token from norm(max(0, p_i - q_i)); if all K were
-     accepted emit the "bonus" token from p_{K+1}. So every step commits accepted + 1 tokens.
-  5. roll the target's KV cache back to the committed length - 1 (O(1), per row): the emitted
-     token is not fed yet
-This is lossless for any q: greedy output equals plain greedy decoding token for token, and
-sampled output has exactly the target's distribution.
-
 The invariant of the loop and every drafter: a row has N committed tokens x_0..x_{N-1} (n (B,)
 in the code); the target has fed (cached) x_0..x_{N-2}; x_{N-1} (the last emitted token) is
 pending and is the first token of the next verify pass.
 
+One step, per row:
+  1. the drafter proposes d_1..d_K and, when sampling, the distributions q_1..q_K
+  2. one target pass over [x_{N-1}, d_1..d_K] -> p_1..p_{K+1} (p_i: output at the token before d_i)
+  3. accept d_i while u_i < min(1, p_i(d_i) / q_i(d_i))      (greedy: while d_i == argmax p_i)
+  4. at the first rejection i emit a token from norm(max(0, p_i - q_i)); if all K were
+     accepted emit the "bonus" token from p_{K+1}. So every step commits accepted + 1 tokens.
+  5. roll the target's KV cache back to the committed length - 1 (O(1), per row): the kept
+     entries saw only accepted tokens (causal mask), and the emitted one is not fed yet
+This is lossless for any q: greedy output equals plain greedy decoding token for token, and
+sampled output has exactly the target's distribution.
+
 The drafter interface, the one seam of this repo (draft_simple.py, mtp.py, draft_eagle.py and
 draft_diffusion.py implement it). tokens (B, T_buf) are the loop's committed tokens and n (B,)
 their counts, to read only (T_buf: the longest row's need, or the context when compiled); feats
-are the target's hidden states at the drafter's hidden_layers, concatenated (B, T, F):
+are the target's hidden states at the drafter's hidden_layers, concatenated (B, T, layers * C):
     hidden_layers                 target layers the drafter reads, increasing, each once
     prefill(tokens, n, feats)     after the prompt pass (a shorter row's tail is padding)
     propose(tokens, n, K, temperature, top_k, generator) -> drafts (B, K' <= K), q (B, K', V)
@@ -78,10 +78,10 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
         drafts, q = torch.zeros(1, 0, dtype=torch.long, device=device), None
         if drafter:
             drafts, q = drafter.propose(tokens, n, K, temperature=temperature, generator=g)
-        # 2. verify: one target pass over [x_{N-1}, d_1..d_K]
+        # 2. verify: one target pass over [x_{N-1}, d_1..d_K] (NO_DRAFT fed as 0, never accepted)
         x = torch.cat([tokens[:, int(n) - 1:int(n)], drafts.clamp(min=0)], 1)
         logits, hidden = target(x, cache, hidden_layers=layers)          # (1, K+1, V)
-        # 3-4. accept a prefix of the drafts, then one token of the target's own
+        # 3-4. accept_scan (next section): a prefix of the drafts, then one token of the target's
         if temperature == 0:
             n_acc, nxt = accept_scan(logits, drafts)
         else:
@@ -233,7 +233,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
     tree = tree or getattr(drafter, "tree", None)
     if tree is not None and not hasattr(drafter, "block_logits"):  # DFlash's one-pass block
         raise ValueError("tree= verifies a tree of DFlash's candidates: it needs a DFlash drafter")
-    compile = compile and tree is None  # a tree's passes run eager: a static context only costs
+    compile = compile and tree is None  # a tree's pass stays eager: a full-context cache only costs
     device, V = target.head.weight.device, target.cfg.vocab_size
     B = min(batch_size or len(prompts), len(prompts))
     longest = max(len(pr) for pr in prompts)
@@ -282,7 +282,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         clock.mark("draft")
 
     # continuous batching: a finished row hands its tokens over and takes the next prompt
-    outputs, slot, taken, next_prompt = [None] * len(prompts), list(range(B)), [False] * B, B
+    outputs, prompt_of, taken, next_prompt = [None] * len(prompts), list(range(B)), [False] * B, B
 
     def start(b, i):  # prompt i into row b: a batch-1 prefill through row b's slice of the cache
         pr = prompts[i]
@@ -293,7 +293,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         nxt = pick(logits[:, -1])
         clock.mark("verify")
         tokens[b, len(pr)] = nxt[0]
-        lens[b], n[b], slot[b], taken[b] = len(pr), len(pr) + 1, i, False
+        lens[b], n[b], prompt_of[b], taken[b] = len(pr), len(pr) + 1, i, False
         done[b] = max_new_tokens == 1 or bool(nxt[0] == stop)
         if drafter is not None:
             drafter.refill(b, tokens, n, feats(hidden))
@@ -305,8 +305,8 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         nonlocal next_prompt
         for b, d in enumerate(finished):
             while d and not taken[b]:  # while: a new prompt can be done at its first token
-                out = tokens[b, len(prompts[slot[b]]):int(n[b])].tolist()[:max_new_tokens]
-                outputs[slot[b]] = out[:out.index(stop) + 1] if stop in out else out
+                out = tokens[b, len(prompts[prompt_of[b]]):int(n[b])].tolist()[:max_new_tokens]
+                outputs[prompt_of[b]] = out[:out.index(stop) + 1] if stop in out else out
                 taken[b] = True
                 if next_prompt < len(prompts):
                     d = start(b, next_prompt)
@@ -391,7 +391,7 @@ def generate(target, prompts, drafter=None, *, max_new_tokens, temperature=0.0, 
         if any(past_v):
             raise ValueError(f"the drafter drafted a token past the vocabulary (ids 0..{V - 1})")
         for b, a in enumerate(act):
-            stats["row_passes"][slot[b]] += a
+            stats["row_passes"][prompt_of[b]] += a
         for i in range(Kd):
             stats["attempts_per_position"][i] += att[i]
             stats["accepted_per_position"][i] += acc[i]

@@ -117,10 +117,10 @@ class DraftTree:
             anc[:, t] |= anc[rows, par[:, t]]
         base = cache.lengths.clone()                                    # (B,) = n - 1
         j = torch.arange(cache.max_len, device=dev)                      # every key slot read
-        u = j[None] - base[:, None]                                     # (B, keys): tree node
-        see = anc.gather(2, u.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
-        # NOTE: slots past a row's tree (u > N) hold stale entries: nobody sees them
-        mask = ((see & (u <= N)[:, None]) | (u < 0)[:, None])[:, None]  # (B, 1, N+1, keys)
+        node = j[None] - base[:, None]             # (B, keys): a key slot's node (< 0: committed)
+        see = anc.gather(2, node.clamp(0, N)[:, None].expand(B, N + 1, -1))  # (B, N+1, keys)
+        # NOTE: slots past a row's tree (node > N) hold stale entries: nobody sees them
+        mask = ((see & (node <= N)[:, None]) | (node < 0)[:, None])[:, None]  # (B, 1, N+1, keys)
         x = torch.cat([tokens[rows, n - 1][:, None], tok], 1)           # (B, N+1)
         logits, hidden = target(x, cache, hidden_layers=layers, tree=(base[:, None] + dep, mask))
         sampling = temperature > 0
