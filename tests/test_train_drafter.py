@@ -18,7 +18,7 @@ import speculate
 import train
 import train_drafter
 from checkpoint import load_target
-from model import PRESETS, Config
+from model import PRESETS, Config, Transformer
 from test_model import save_tiny  # a random tiny target in train.py's checkpoint format
 
 ARGS = ["--n-seqs", "8", "--n-val-seqs", "4", "--prompt-len", "16", "--gen-len", "24",
@@ -582,3 +582,21 @@ def test_a_coarser_tokenizer_gets_whole_prompts_from_windows_near_the_end(target
     monkeypatch.setattr(speculate, "generate", None)
     with pytest.raises(ValueError, match="over 4x coarser than ours: 64 of our tokens re-encode"):
         train_drafter.build_distill_data(target, 64, 16, 4, [0.0], enc=FiveTimesCoarser())
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle", "dflash"])
+def test_a_drafters_loss_makes_no_tensor_on_another_device(method):
+    """No test trains on a GPU. On the meta device (shapes, no data) a tensor made on the CPU by
+    mistake inside a loss (an arange, a mask, an index without device=) meets the model's in an
+    op and raises, as it would beside CUDA tensors; a clean loss runs up to its first copy to
+    the host, which meta cannot make."""
+    cfg = Config(vocab_size=97, **PRESETS["tiny"])
+    with torch.device("meta"):
+        target = Transformer(cfg)
+        kw = {"depth": 2} if method == "mtp" else {}
+        drafter = checkpoint.FEATURE_DRAFTERS[method](cfg, **kw)
+        tokens = torch.randint(0, cfg.vocab_size, (2, 40))
+        feats = torch.cat(target(tokens, hidden_layers=drafter.hidden_layers)[1], -1)
+    assert tokens.is_meta and feats.is_meta
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        drafter.loss(target, tokens, feats, label_from=8)
