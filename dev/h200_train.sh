@@ -216,7 +216,7 @@ DISTILL=("distill" "DFLASH_CUDA_EXT=0 $PY train_drafter.py --method mtp $D --max
 [ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 # with a bench to come, the CUDA extension is built beside them (~18 s of nvcc on the host's
-# cores): nothing before bench builds it, and inside bench's 95 s it would not fit
+# cores): nothing before bench builds it, and bench's 95 s hold its rows' 74 with little to spare
 KERNELS=()
 [ -z "$FROM" ] || KERNELS=("kernels" "$PY -c \"import dflash_kernels as k; k.available('$DEV')\"")
 par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
