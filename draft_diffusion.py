@@ -249,20 +249,19 @@ class DFlashDrafter:
 
     @torch.no_grad()
     def update(self, tokens, n, feats, n_new):
-        """feats (B, T_new, n*C), or (1, T_new, n*C) handed to every row (refill)."""
-        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B or 1, T_new, H, D)
-        every_row = lambda x: x.expand(-1, len(n), -1, -1, -1)      # (L, B, T_new, H, D), no copy
-        kv_inject(self.ck, self.cv, every_row(k), every_row(v), self.ctx_len, n_new,
-                  self.target.rope_cos, self.target.rope_sin)
+        k, v = self.dflash.context_kv(self.dflash.context(feats))  # (L, B, T_new, H, D)
+        kv_inject(self.ck, self.cv, k, v, self.ctx_len, n_new, self.target.rope_cos,
+                  self.target.rope_sin)
         self.ctx_len = self.ctx_len + n_new
 
     @torch.no_grad()
     def refill(self, b, tokens, n, feats):
-        """Row b's context cache restarts with the new prompt's features: an update that writes
-        row b only (every row is handed row b's K/V, the others with a count of 0)."""
+        """Row b's context cache restarts with the new prompt's features (1, fed, n*C): an update
+        that writes row b only (every row is handed them, the others with a count of 0; the
+        projection of B copies, once a prompt, keeps update, run every step, free of this case)."""
         counts = torch.zeros_like(self.ctx_len)
         counts[b], self.ctx_len[b] = feats.shape[1], 0
-        self.update(tokens, n, feats, counts)
+        self.update(tokens, n, feats.expand(len(n), -1, -1), counts)
 
     @torch.no_grad()
     def block_logits(self, tokens, n, S):
