@@ -81,7 +81,7 @@ def generate_one(target, prompt, drafter=None, *, max_new_tokens, K=4, temperatu
         # 2. verify: one target pass over [x_{N-1}, d_1..d_K] (NO_DRAFT fed as 0, never accepted)
         x = torch.cat([tokens[:, int(n) - 1:int(n)], drafts.clamp(min=0)], 1)
         logits, hidden = target(x, cache, hidden_layers=layers)          # (1, K+1, V)
-        # 3-4. accept_scan (next section): a prefix of the drafts, then one token of the target's
+        # 3-4. accept_scan (below): a prefix of the drafts, then one token of the target's own
         if temperature == 0:
             n_acc, nxt = accept_scan(logits, drafts)
         else:
