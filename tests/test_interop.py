@@ -131,19 +131,28 @@ def test_our_tokenizer_exports_to_a_tokenizer_json_with_the_same_ids(tmp_path):
     assert back.encode(data.MASK, allowed_special="all") == [enc.n_vocab - 1]
 
 
+def trained_bpe(pre, normalizer=None):
+    """A byte-level BPE of 700 tokens that tokenizers trains on half the committed prompts, with
+    pre-tokenizer pre (and a normalizer, if any); the caller saves it where it wants."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tk = tokenizers.Tokenizer(models.BPE())
+    tk.pre_tokenizer, tk.decoder = pre, decoders.ByteLevel()
+    if normalizer is not None:
+        tk.normalizer = normalizer
+    trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(data.reference_prompts(data.N_REFERENCE_PROMPTS)[::2], trainer)
+    return tk
+
+
 def test_a_qwen_style_tokenizer_json_converts_to_tiktoken(tmp_path):
     """A byte-level BPE trained here with tokenizers, Qwen's split regex, NFC and specials: the
     tiktoken built from its tokenizer.json gives its ids on every committed prompt."""
-    from tokenizers import Regex, models, normalizers, pre_tokenizers, trainers
-    tk = tokenizers.Tokenizer(models.BPE())
-    tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
+    from tokenizers import Regex, normalizers, pre_tokenizers
+    tk = trained_bpe(pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), normalizers.NFC())
     prompts = data.reference_prompts(data.N_REFERENCE_PROMPTS)
-    trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tk.train_from_iterator(prompts[::2], trainer)
     tk.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     tk.add_tokens(["<think>"])  # an added token that is not special, as Qwen3's
     tk.save(str(tmp_path / "tokenizer.json"))
@@ -406,24 +415,12 @@ def test_a_split_the_tokenizer_cannot_follow_is_refused(tmp_path):
             interop.load_hf_tokenizer(str(tmp_path))
 
 
-def trained_bpe(folder, pre):
-    """A byte-level BPE that tokenizers trains on half the committed prompts, with pre-tokenizer
-    pre, saved to folder/tokenizer.json."""
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    tk = tokenizers.Tokenizer(models.BPE())
-    tk.pre_tokenizer, tk.decoder = pre, decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tk.train_from_iterator(data.reference_prompts(data.N_REFERENCE_PROMPTS)[::2], trainer)
-    tk.save(os.path.join(folder, "tokenizer.json"))
-    return tk
-
-
 def test_gpt2s_byte_level_pre_tokenizer_gives_its_ids(tmp_path):
     """A ByteLevel alone splits by GPT-2's regex before it maps bytes: the tiktoken built from the
     file splits by that regex too, and gives tokenizers' ids on every committed prompt."""
     from tokenizers import pre_tokenizers
-    tk = trained_bpe(str(tmp_path), pre_tokenizers.ByteLevel(add_prefix_space=False))
+    tk = trained_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    tk.save(str(tmp_path / "tokenizer.json"))
     enc = interop.load_hf_tokenizer(str(tmp_path))
     text = data.reference_prompts(data.N_REFERENCE_PROMPTS) + ["x  =  1\n\n\ty's 12345 ''"]
     assert all(enc.encode_ordinary(t) == tk.encode(t).ids for t in text)
@@ -445,7 +442,7 @@ def test_a_pre_tokenizer_that_one_regex_cannot_follow_is_refused(tmp_path):
             (P.Sequence([P.Split(Regex(data.PAT_STR), behavior="isolated"), level(True)]),
              "Split + ByteLevel"),
             (P.Sequence([P.Digits(individual_digits=True), level(True)]), "Digits + ByteLevel")]:
-        trained_bpe(str(tmp_path), pre)
+        trained_bpe(pre).save(str(tmp_path / "tokenizer.json"))
         with pytest.raises(ValueError, match=re.escape(f"tokenizer.json: pre_tokenizer {kinds} is not")):
             interop.load_hf_tokenizer(str(tmp_path))
     tj = json.load(open(tmp_path / "tokenizer.json"))
