@@ -23,12 +23,18 @@
 #
 # The device session runs, with timeout_s 600:  bash dev/h200_train.sh
 # With the machine's start that is most of a session's 15 minutes: there is no second try in it.
-# LOG_DIR gets 6-7 files (the tool brings back 8 at most, 16 MiB each): h200_train.txt (all
-# that was printed, step by step), corpus_meta.json (the corpus's files, bytes and tokens),
-# bench_h200.json (FROM_WEIGHTS only), and weights.tar.part-aa to -ad: the five bf16
-# checkpoints (~52 MB) split under the tool's limit. Back home, after the CPU bench has been
-# checked (under 5 minutes), with weights/interim removed (weights/ holds 60 MB at most):
-#   cat weights.tar.part-* | tar -x -C weights/cpu
+# LOG_DIR gets at most 7 files (the tool brings back 8, 16 MiB each): h200_train.txt (all that
+# was printed, step by step), corpus_meta.json (the corpus's files, bytes and tokens, copied
+# once it is built), bench_h200.json (FROM_WEIGHTS only), and the bf16 checkpoints as tars in
+# 15 MiB parts: target.tar.part-aa, -ab (the target, ~25 MB, as soon as it is trained: the
+# device tool may cut a call short of timeout_s when the machine's start was slow, and what is
+# under $OUT by then still comes back) and weights.tar.part-* (the draft model and drafters at
+# the end; with FROM_WEIGHTS the target too). Check the files against the sha256 sums the log
+# printed. Back home, after the CPU bench has been checked (under 5 minutes), with
+# weights/interim removed (weights/ holds 60 MB at most):
+#   for t in target weights; do cat $t.tar.part-* | tar -x -C weights/cpu; done
+# If only the target came back, commit it alone (e.g. weights/next/target.pt) and give the next
+# session FROM_WEIGHTS=weights/next: a folder without draft.pt gets the draft model trained.
 # Rehearsed with the TINY set in place: 7 tests read the committed weights' values and fail
 # until re-measured: tests/test_checkpoint.py's CASES (each tau and a floor ~0.7x it; the
 # failure message prints the tau) and its test that the committed DFlash names the layers it
@@ -39,7 +45,7 @@
 # The full checkpoints (with their optimizers) and the distilled data stay in WORK (default
 # out/h200) on the machine, which is given back: a later session starts again from the bf16 files.
 #
-# The steps, their limits (at most 570 s; a step that outlives its SIGINT is killed 10 s later)
+# The steps, their limits (at most 580 s; a step that outlives its SIGINT is killed 10 s later)
 # and what each should take. NOTHING HERE HAS RUN ON A GPU: the times are guesses from the
 # sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
@@ -74,8 +80,9 @@
 #    features are computed per step (--features step): all of them at once would take 59 GB in
 #    fp32 for the three runs (33 for DFlash's 5 layers, 20 for EAGLE's 3, 7 for MTP), too near
 #    an H100's 80.
-# 6. export 15 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
-#    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar.
+# 6. export 12 s: dev/export_weights.py's export_checkpoint on each, in one interpreter (3 s on
+#    the CPU machine), a summary (steps, tokens seen, held-out loss), the tar. The target's own,
+#    12 s, runs as soon as it is trained (step 3), in a first session.
 # 7. bench 95 s, with FROM_WEIGHTS only (the first session gives its time to the target):
 #    bench.py --device cuda on the new weights, ar, ngram, mtp, eagle, dflash at T = 0 and 1
 #    (`draft` is left to the CPU: 8 passes a step on a GPU), the CUDA extension built beside the
@@ -93,7 +100,7 @@ LOG=${1:-${OUT:-out/h200_train}}
 W=${WORK:-out/h200}  # the fp32 checkpoints, the distilled data, the bf16 copies
 DEV=${DEVICE:-cuda}
 DRY_RUN=${DRY_RUN:-0}
-[ "$DRY_RUN" = 1 ] || { mkdir -p "$LOG" "$W" && rm -f "$W"/*.run.pt; }  # export_all's are ours
+[ "$DRY_RUN" = 1 ] || { mkdir -p "$LOG" "$W" && rm -rf "$W"/*.run.pt "$W/weights"; }  # ours only
 export PYTHONUNBUFFERED=1 PY LOG W
 failed=0
 TXT=$LOG/h200_train.txt
@@ -155,14 +162,16 @@ par() {  # par NAME SECONDS TAG CMD [TAG CMD ...]: the CMDs side by side, each a
   for p in "${pids[@]}"; do wait "$p" || failed=1; done
 }
 
-export_all() {  # bf16 copies of what was trained, a summary of each, the tar in parts
-  rm -rf "$W/weights"  # an earlier run's copies are not this run's
-  # one interpreter for all five: torch's import alone takes seconds
-  $PY - "$W" <<'EOF'
+export_all() {  # export_all TAR MODEL...: their bf16 copies, a summary of each, TAR in parts
+  local tar=$1
+  shift
+  mkdir -p "$W/weights" && (cd "$W/weights" && rm -f "${@/%/.pt}")
+  # one interpreter for all: torch's import alone takes seconds
+  $PY - "$W" "$@" <<'EOF'
 import os, sys, torch
 from dev.export_weights import export_checkpoint  # run from the repository's root
 w, failed = sys.argv[1], 0
-for m in ("target", "draft", "mtp", "eagle", "dflash"):
+for m in sys.argv[2:]:
     src = f"{w}/{m}.pt" if os.path.exists(f"{w}/{m}.pt") else f"{w}/{m}.run.pt"  # cut off
     try:
         ck = torch.load(src, map_location="cpu", weights_only=True)
@@ -185,11 +194,12 @@ for m in ("target", "draft", "mtp", "eagle", "dflash"):
               f"agreement per position {agree}")
 sys.exit(failed)
 EOF
-  local rc=$?
-  (cd "$W/weights" && sha256sum ./*.pt)
+  local rc=$? files=()
+  for m in "$@"; do [ -e "$W/weights/$m.pt" ] && files+=("$m.pt"); done
+  [ ${#files[@]} -gt 0 ] || return 1
+  (cd "$W/weights" && sha256sum "${files[@]}")
   # 15 MiB parts: the tool brings back files of at most 16 MiB
-  tar -cf - -C "$W/weights" . | split -b 15m - "$LOG/weights.tar.part-" || rc=1
-  cp out/data-all/meta.json "$LOG/corpus_meta.json" || rc=1
+  tar -cf - -C "$W/weights" "${files[@]}" | split -b 15m - "$LOG/$tar.tar.part-" || rc=1
   ls -l "$LOG"
   return "$rc"
 }
@@ -201,10 +211,14 @@ $PY -c 'import os, torch; print(\"torch\", torch.__version__, \"CUDA\", torch.ve
 df -h . | tail -1"
 step env 10 bash -c "$ENV_REPORT"
 step data 85 $PY data.py --corpus all
-if [ -n "$FROM" ]; then  # the folder's target and draft model, as they are
-  step target 10 cp "$FROM/target.pt" "$FROM/draft.pt" "$W/"
+[ "$DRY_RUN" = 1 ] || cp out/data-all/meta.json "$LOG/corpus_meta.json"
+# a FROM folder's target and (if it has one) draft model, as they are
+OLD_DRAFT=$([ -n "$FROM" ] && [ -e "$FROM/draft.pt" ] && echo "$FROM/draft.pt")
+if [ -n "$FROM" ]; then
+  step target 10 cp "$FROM/target.pt" $OLD_DRAFT "$W/"
 else
   step target 280 $PY train.py $TARGET --minutes 4.2 --out-path $W/target.pt $T_TRAIN
+  step target-out 12 bash -c "export_all target target"  # under $OUT, whatever happens next
 fi
 # cut off by its limit, the target has its last minute's save: train the drafters for that
 [ "$DRY_RUN" = 1 ] || [ -e "$W/target.pt" ] || { cp "$W/target.run.pt" "$W/target.pt" &&
@@ -213,7 +227,7 @@ fi
 # the CUDA extension's accept scan would be built first, for a loop with no drafts
 DISTILL=("distill" "DFLASH_CUDA_EXT=0 $PY train_drafter.py --method mtp $D --max-steps 1 \
 --save-minutes 0 $T_DISTILL && rm $W/mtp.pt")
-[ -n "$FROM" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
+[ -n "$OLD_DRAFT" ] || DISTILL+=("draft" "$PY train.py $DRAFT --out-path $W/draft.pt $T_TRAIN")
 par distill "$DISTILL_S" "${DISTILL[@]}"
 # with a bench to come, the CUDA extension is built beside them (~18 s of nvcc on the host's
 # cores): nothing before bench builds it, and bench's 95 s hold its rows' 74 with little to spare
@@ -226,7 +240,9 @@ par drafters "$(awk "BEGIN { print int($DM * 60 + 32) }")" \
   mtp "$PY train_drafter.py --method mtp $D $R --batch-size 16 --lr 6e-3 $T_DISTILL $T_RUN" \
   "${KERNELS[@]}"
 rm -f out/cuda_build/*/lock  # a build cut off by the limit leaves it, and bench would wait on it
-step export 15 bash -c export_all
+OUTS="draft mtp eagle dflash"
+[ -z "$FROM" ] || OUTS="target $OUTS"  # bench reads the target from $W/weights too
+step export 12 bash -c "export_all weights $OUTS"
 [ -z "$FROM" ] || step bench 95 $PY bench.py --device $DEV --target $W/weights/target.pt \
   --weights $W/weights --methods ar,ngram,mtp,eagle,dflash --no-compile \
   --json $LOG/bench_h200.json $T_BENCH

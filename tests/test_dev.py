@@ -259,7 +259,9 @@ def h200_dry_run(tmp_path, **env):
             if argv[1] != "bench.py" and not args.max_steps:  # + start-up and the final save
                 assert args.minutes * 60 + 15 <= int(m[2]), m[1]
     assert not (tmp_path / "log").exists()  # a dry run writes nothing
-    assert len(limits) == 6 + bool(env.get("FROM_WEIGHTS"))  # bench in a second session only
+    assert len(limits) == 7  # a first session exports its target early, a second runs bench
+    first, second = ["target", "target-out", "distill"], ["target", "distill", "drafters"]
+    assert list(limits)[2:5] == (second if env.get("FROM_WEIGHTS") else first)
     assert sum(limits.values()) <= 580, limits  # one device call: 600 s
     return runs
 
@@ -268,7 +270,8 @@ def h200_dry_run(tmp_path, **env):
 def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     """dev/h200_train.sh (issue 52) is one device call: its step limits add up to less than 600 s,
     every training budget fits its step, every drafter run reuses the one distilled data set,
-    the files it brings back are at most 8 (the bf16 weights in parts of 15 MiB), the weights
+    the files it brings back are at most 8 (the bf16 weights in parts of 15 MiB, the target's
+    as soon as it is trained: a call the tool cuts short still brings it back), the weights
     it trains fit weights/ (60 MB) beside the prompts, and every command parses, at full size
     and with TINY=1 (a typo would cost the GPU lease)."""
     from draft_diffusion import DFlash
@@ -282,13 +285,17 @@ def test_h200_train_fits_one_device_call_and_every_command_parses(tmp_path):
     cfg = Config(vocab_size=V, **PRESETS["ref"])
     models = [Transformer(cfg), Transformer(Config(vocab_size=V, **PRESETS["cpu-draft"])),
               MTP(cfg, depth=3), Eagle(cfg), DFlash(cfg)]
-    size = 2 * sum(p.numel() for m in models for p in m.parameters())
+    sizes = [2 * sum(p.numel() for p in m.parameters()) for m in models]
+    size = sum(sizes)
     prompts = sum(os.path.getsize(os.path.join(ROOT, "weights", f))
                   for f in ("heldout_prompts.jsonl", "ood_prompts.jsonl"))
     assert size + prompts <= 60e6 - 1e6, size  # 1 MB for the checkpoints' other entries
-    names = set(re.findall(r'\$LOG/([\w.-]+)', script))
-    assert "weights.tar.part-" in names and "15m" in script, names
-    assert len(names) - 1 + math.ceil(size / 15 / 2**20) <= 8, names
+    names = set(re.findall(r'\$LOG/([\w.-]+)', script))  # and the tars' parts of 15 MiB:
+    assert names == {"h200_train.txt", "corpus_meta.json", "bench_h200.json"}, names
+    assert '"$LOG/$tar.tar.part-"' in script and "15m" in script
+    parts = lambda n: math.ceil(n / 15 / 2**20)
+    assert len(names) + parts(sizes[0]) + parts(size - sizes[0]) <= 8  # a first session
+    assert len(names) + parts(size) <= 8  # a second: the target among the weights
 
     runs = h200_dry_run(tmp_path)
     by_step = {}
