@@ -50,10 +50,10 @@
 # sizes, except where a measurement is named.
 # 1. env 10 s: the GPU, torch, disk.
 # 2. data 85 s: `data.py --corpus all`. Measured on this project's 2-core CPU machine: 204 MB of
-#    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-32 s, one core busy
-#    (tiktoken's threads gave nothing), so ~7 MB/s. The H200 image holds more packages (jax,
-#    flax, pandas, scikit-learn, statsmodels, numba, ...): guess 300-400 MB, 95-125M tokens,
-#    45-60 s.
+#    source, 63.3M train tokens (data.OOD_PACKAGES left out), in 21-38 s, 1.6 cores busy:
+#    tiktoken's batch encoding runs in threads (3.99 MB/s on one, 7.48 on two). The H200 image
+#    holds more packages (jax, flax, pandas, scikit-learn, statsmodels, numba, ...): guess
+#    300-400 MB, 95-125M tokens, 20-60 s on its 16 cores.
 # 3. target 280 s: the `ref` preset (384 wide, 6 blocks; ~20 tokens a parameter at 250M tokens,
 #    and 1.5x the `cpu` preset's pass on the CPU: docs/experiments.md, "The GPU target's size")
 #    on the broad corpus, batch 256 x 384 tokens (98k a step), lr 3e-3 (the CPU run: 8 x 384 at
