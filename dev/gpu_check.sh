@@ -3,8 +3,8 @@
 #
 #   bash dev/gpu_check.sh [LOG_DIR]         # logs go to LOG_DIR, else $OUT, else out/gpu_check
 #
-# LOG_DIR gets four files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
-# everything printed, step by step, and the JSON of the three bench runs.
+# LOG_DIR gets five files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
+# everything printed, step by step, and the JSON of the four bench runs.
 #
 # 1. the GPU, driver, torch and nvcc versions
 # 2. python dev/kernels_check.py: build, validate every op and kernel version, time fused vs
@@ -83,17 +83,22 @@ step tests 100 $PY -m pytest $XDIST -v -rs tests/test_kernels.py \
   tests/test_static.py::test_cuda_graphs_give_the_greedy_tokens_of_eager_decoding \
   -k "not ($EMULATED)"
 step sdpa 12 $PY dev/sdpa_probe.py
-B="$PY bench.py --device cuda --methods ar,dflash,eagle,mtp,ngram"  # the committed weights/cpu
-step bench_eager 90 $B --no-compile --json "$LOG/bench_eager.json"
-# the first call of each method compiles its verify shape and its propose (untimed warm-up;
-# minutes in all?), the latter once per temperature: T = 0 (issue 49's main target) and T = 1
-# in two runs, so that one cut off by its limit loses only its own rows (inductor's cache
-# serves the second run's verify graphs). perf_hints: a "skipping cudagraphs" line says why a
-# compiled step ran without its graph (the card counts them)
-step bench_graphs_t0 150 env TORCH_LOGS=recompiles,perf_hints $B --compile --temperatures 0 \
+B="$PY bench.py --device cuda"  # the committed weights/cpu
+ALL="--methods ar,dflash,eagle,mtp,ngram"
+step bench_eager 90 $B $ALL --no-compile --json "$LOG/bench_eager.json"
+# A compiled run times nothing until its warm-up has compiled every method's verify shape and
+# propose (the latter per temperature; ~8 graphs at T = 0, never timed on a GPU): one run cut
+# off by its limit there would bring back no row at all. So issue 49's headline pair (plain
+# decoding and DFlash at T = 0) runs first and alone, then the other methods at T = 0, then all
+# at T = 1; each run its own ar beside it (the verify graphs come from inductor's cache there).
+# perf_hints: a "skipping cudagraphs" line says why a compiled step ran without its graph (the
+# card counts them)
+G="env TORCH_LOGS=recompiles,perf_hints $B --compile"
+step bench_graphs_dflash 100 $G --methods ar,dflash --temperatures 0 \
+  --json "$LOG/bench_graphs_dflash.json"
+step bench_graphs_t0 80 $G --methods ar,ngram,eagle,mtp --temperatures 0 \
   --json "$LOG/bench_graphs_t0.json"
-step bench_graphs_t1 95 env TORCH_LOGS=recompiles,perf_hints $B --compile --temperatures 1 \
-  --json "$LOG/bench_graphs_t1.json"
+step bench_graphs_t1 65 $G $ALL --temperatures 1 --json "$LOG/bench_graphs_t1.json"
 TRAIN_SMOKE='W=$(mktemp -d); trap "rm -rf $W" EXIT
 $PY train.py --preset tiny --device cuda --max-steps 20 --batch-size 4 --seq-len 128 \
   --mtp-depth 2 --eval-every 10 --eval-batches 2 --out-path "$W/target.pt" &&
