@@ -2,6 +2,7 @@
 # Everything a GPU has to show, in one go: the CUDA extension and the compiled (CUDA-graph) steps.
 #
 #   bash dev/gpu_check.sh [LOG_DIR]         # logs go to LOG_DIR, else $OUT, else out/gpu_check
+#   DRY_RUN=1 bash dev/gpu_check.sh         # print the steps only (tests/test_dev.py parses them)
 #
 # LOG_DIR gets five files (the device tool brings back at most 8 from $OUT): gpu_check.txt,
 # everything printed, step by step, and the JSON of the four bench runs.
@@ -39,16 +40,19 @@ cd "$(dirname "$0")/.."
 # the device image's interpreter with torch is python3 (a plain `python` may be missing there)
 PY=${PYTHON:-$(command -v python3 || command -v python)}
 LOG=${1:-${OUT:-out/gpu_check}}
-mkdir -p "$LOG"
+DRY_RUN=${DRY_RUN:-0}
+[ "$DRY_RUN" = 1 ] || mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 failed=0
 
 TXT=$LOG/gpu_check.txt
+[ "$DRY_RUN" = 1 ] && TXT=/dev/null
 : >"$TXT"
 step() {  # step NAME SECONDS CMD...: run CMD for at most SECONDS, log to the terminal and $TXT
   local name=$1 limit=$2
   shift 2
-  echo "== $name: $*" | tee -a "$TXT"
+  echo "== $name (at most $limit s): $*" | tee -a "$TXT"
+  [ "$DRY_RUN" = 1 ] && return
   local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee -a "$TXT"
   local rc=${PIPESTATUS[0]}

@@ -165,7 +165,7 @@ par() {  # par NAME SECONDS TAG CMD [TAG CMD ...]: the CMDs side by side, each a
 export_all() {  # export_all TAR MODEL...: their bf16 copies, a summary of each, TAR in parts
   local tar=$1
   shift
-  mkdir -p "$W/weights" && (cd "$W/weights" && rm -f "${@/%/.pt}")
+  mkdir -p "$W/weights"  # emptied at the start: only this run's copies are there
   # one interpreter for all: torch's import alone takes seconds
   $PY - "$W" "$@" <<'EOF'
 import os, sys, torch

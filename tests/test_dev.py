@@ -208,12 +208,31 @@ def test_cu_files_compile_with_nvcc(tmp_path):
         assert (tmp_path / name.replace(".cu", ".o")).stat().st_size > 0
 
 
-def test_gpu_check_fits_one_device_call_and_names_real_modules():
+def dry_run(script, tmp_path, **env):
+    """The steps dev/<script> would run, printed by DRY_RUN=1 and parsed: [(step, its limit in
+    s, its command's argv)], the environment settings before the command left out."""
+    r = subprocess.run(["bash", os.path.join(DEV, script), str(tmp_path / "log")],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "log").exists()  # a dry run writes nothing
+    steps = []
+    for m in re.finditer(r"^== (\S+) \(at most (\d+) s\): (.*)$", r.stdout, flags=re.M):
+        argv = shlex.split(m[3].split(" && ")[0])  # the command, not what follows it
+        while argv and (argv[0] == "env" or "=" in argv[0]):  # nor its environment
+            argv = argv[1:]
+        steps.append((m[1], int(m[2]), argv))
+    return steps
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_fits_one_device_call_and_names_real_modules(tmp_path):
     """dev/gpu_check.sh is the one script a GPU session runs: its step limits must add up to
     less than one device call (600 s), every module and file it runs must exist here, and the
     files it names under $LOG must be no more than the call brings back."""
     script = open(os.path.join(DEV, "gpu_check.sh")).read()
-    limits = [int(line.split()[2]) for line in script.splitlines() if line.startswith("step ")]
+    steps = dry_run("gpu_check.sh", tmp_path)
+    limits = [limit for _, limit, _ in steps]
     assert len(limits) == 9 and sum(limits) <= 580, limits
     assert "$PY -m pytest" in script
     for path in ("dev/kernels_check.py", "dev/sdpa_probe.py", "tests/test_kernels.py",
@@ -236,17 +255,12 @@ def test_gpu_check_fits_one_device_call_and_names_real_modules():
     # the bench runs: eager, then compiled with ar and dflash at T = 0 first and alone (a run
     # cut off in its warm-up, compiling every method's graphs, would bring back no row)
     import bench
-    expand = dict(re.findall(r'^(B|ALL|G)="(.*?)"(?:  #.*)?$', script, flags=re.M))
-    benches = []
-    for line in re.findall(r"^step bench\w* \d+ (.*)$", joined, flags=re.M):
-        for name in ("G", "B", "ALL"):  # G holds $B, B holds $PY
-            line = line.replace(f"${name}", expand[name])
-        argv = shlex.split(line.replace("$LOG", "/log"))
-        benches.append(bench.get_parser().parse_args(argv[argv.index("bench.py") + 1:]))
+    benches = [bench.get_parser().parse_args(argv[2:]) for _, _, argv in steps
+               if argv[:2] == [sys.executable, "bench.py"]]
     assert [(b.compile, b.methods, b.temperatures) for b in benches] == [
         (False, "ar,dflash,eagle,mtp,ngram", "0,1"), (True, "ar,dflash", "0"),
         (True, "ar,ngram,eagle,mtp", "0"), (True, "ar,dflash,eagle,mtp,ngram", "1")]
-    assert all(b.device == "cuda" and b.json.startswith("/log/") for b in benches)
+    assert all(b.device == "cuda" and b.json.startswith(str(tmp_path / "log")) for b in benches)
 
 
 def h200_dry_run(tmp_path, **env):
@@ -257,21 +271,14 @@ def h200_dry_run(tmp_path, **env):
     import train_drafter
     parsers = {"train.py": train.get_parser(), "train_drafter.py": train_drafter.get_parser(),
                "bench.py": bench.get_parser()}
-    r = subprocess.run(["bash", os.path.join(DEV, "h200_train.sh"), str(tmp_path / "log")],
-                       capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, **env})
-    assert r.returncode == 0, r.stderr
     runs, limits = [], {}
-    for m in re.finditer(r"^== (\S+) \(at most (\d+) s\): (.*)$", r.stdout, flags=re.M):
-        limits[m[1].split("/")[0]] = int(m[2])  # a par's runs share its limit
-        argv = shlex.split(m[3].split(" && ")[0])  # the command, not what follows it
-        argv = argv[1:] if argv and "=" in argv[0] else argv  # nor an environment variable
+    for name, limit, argv in dry_run("h200_train.sh", tmp_path, **env):
+        limits[name.split("/")[0]] = limit  # a par's runs share its limit
         if len(argv) > 1 and argv[0] == sys.executable and argv[1] in parsers:
-            runs.append((m[1], int(m[2]), argv[1], parsers[argv[1]].parse_args(argv[2:])))
+            runs.append((name, limit, argv[1], parsers[argv[1]].parse_args(argv[2:])))
             args = runs[-1][3]
             if argv[1] != "bench.py" and not args.max_steps:  # + start-up and the final save
-                assert args.minutes * 60 + 15 <= int(m[2]), m[1]
-    assert not (tmp_path / "log").exists()  # a dry run writes nothing
+                assert args.minutes * 60 + 15 <= limit, name
     assert len(limits) == 7  # a first session exports its target early, a second runs bench
     first, second = ["target", "target-out", "distill"], ["target", "distill", "drafters"]
     assert list(limits)[2:5] == (second if env.get("FROM_WEIGHTS") else first)
